@@ -1,0 +1,85 @@
+package softrdma
+
+import (
+	"net/netip"
+
+	"github.com/softrdma/softrdma/transport/wire"
+)
+
+// Endpoint is what two sides of an RC connection tell each other out of
+// band before they connect (perftest and ibv_rc_pingpong exchange LID,
+// QPN, PSN and GID over TCP): the peer's UDP address (its GID, and port
+// 4791 if 0), its QPN and its first PSN.
+type Endpoint struct {
+	Addr netip.AddrPort
+	QPN  QPN
+	PSN  PSN
+}
+
+// ConnectOptions are the connection attributes; a zero field takes the
+// default named on it (perftest's values where perftest has one).
+type ConnectOptions struct {
+	MTU         MTU    // path MTU; default MTU4096
+	Access      Access // qp_access_flags; default REMOTE_WRITE|REMOTE_READ|REMOTE_ATOMIC
+	Timeout     uint8  // local ACK timeout exponent; default 14 (67 ms), as perftest
+	RetryCnt    uint8  // default 7 (retry forever, as rxe treats 7)
+	RNRRetry    uint8  // default 7 (retry forever)
+	MinRNRTimer uint8  // encoded, default 12 (0.64 ms), as perftest
+	MaxRdAtomic uint8  // max_rd_atomic and max_dest_rd_atomic; default 16
+	// Exact uses every field as given, zeros included (e.g. RetryCnt 0 to
+	// get RETRY_EXC_ERR at the first timeout).
+	Exact bool
+}
+
+func (o ConnectOptions) withDefaults() ConnectOptions {
+	if o.Exact {
+		return o
+	}
+	if o.MTU == 0 {
+		o.MTU = MTU4096
+	}
+	if o.Access == 0 {
+		o.Access = AccessRemoteWrite | AccessRemoteRead | AccessRemoteAtomic
+	}
+	if o.Timeout == 0 {
+		o.Timeout = 14
+	}
+	if o.RetryCnt == 0 {
+		o.RetryCnt = 7
+	}
+	if o.RNRRetry == 0 {
+		o.RNRRetry = 7
+	}
+	if o.MinRNRTimer == 0 {
+		o.MinRNRTimer = 12
+	}
+	if o.MaxRdAtomic == 0 {
+		o.MaxRdAtomic = 16
+	}
+	return o
+}
+
+// Connect moves a QP from RESET through INIT and RTR to RTS towards
+// remote, with localPSN as its first send PSN: the three ibv_modify_qp
+// calls of ibv_rc_pingpong and perftest, with their required attributes
+// (IBTA Table 91). On error the QP is left in the state reached.
+func Connect(qp *QP, remote Endpoint, localPSN PSN, o ConnectOptions) error {
+	o = o.withDefaults()
+	if remote.Addr.Port() == 0 {
+		remote.Addr = netip.AddrPortFrom(remote.Addr.Addr(), wire.RoCEv2Port)
+	}
+	if err := qp.Modify(&QPAttr{State: QPStateInit, PKeyIndex: 0, Port: 1, AccessFlags: o.Access},
+		QPAttrState|QPAttrPKeyIndex|QPAttrPort|QPAttrAccessFlags); err != nil {
+		return err
+	}
+	if err := qp.Modify(&QPAttr{
+		State: QPStateRTR, Dest: remote.Addr, PathMTU: o.MTU, DestQPN: remote.QPN, RQPSN: remote.PSN,
+		MaxDestRdAtomic: o.MaxRdAtomic, MinRNRTimer: o.MinRNRTimer,
+	}, QPAttrState|QPAttrAV|QPAttrPathMTU|QPAttrDestQPN|QPAttrRQPSN|QPAttrMaxDestRdAtomic|QPAttrMinRNRTimer); err != nil {
+		return err
+	}
+	return qp.Modify(&QPAttr{
+		State: QPStateRTS, SQPSN: localPSN, Timeout: o.Timeout, RetryCnt: o.RetryCnt,
+		RNRRetry: o.RNRRetry, MaxRdAtomic: o.MaxRdAtomic,
+	}, QPAttrState|QPAttrSQPSN|QPAttrTimeout|QPAttrRetryCnt|QPAttrRNRRetry|QPAttrMaxQPRdAtomic)
+}

@@ -1,0 +1,199 @@
+// Package softrdma is a software RDMA NIC: the verbs API (after
+// libibverbs) over a RoCEv2 engine that runs on ordinary UDP sockets.
+//
+// A program opens a Device on a local IP address, allocates a protection
+// domain, registers memory, creates completion queues and queue pairs,
+// connects a QP to a peer by moving it through INIT, RTR and RTS with the
+// peer's address, QPN and PSN (exchanged out of band, as perftest does over
+// TCP), and posts work requests. Names and semantics follow libibverbs
+// (ibv_open_device, ibv_alloc_pd, ibv_reg_mr, ibv_create_cq, ibv_create_qp,
+// ibv_modify_qp, ibv_post_send, ibv_post_recv, ibv_poll_cq) and the IBTA
+// specification, Vol. 1, chapters 9-11.
+package softrdma
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+
+	"github.com/softrdma/softrdma/placement"
+	"github.com/softrdma/softrdma/stag"
+	"github.com/softrdma/softrdma/transport"
+	"github.com/softrdma/softrdma/transport/conn"
+	"github.com/softrdma/softrdma/transport/wire"
+)
+
+// Config configures Open.
+type Config struct {
+	// Addr is the local IP address and UDP port the device binds; the IP
+	// is the device's GID (as an IPv4-mapped or plain IPv6 GID). The
+	// default is 127.0.0.1:4791; port 0 picks a free port.
+	Addr netip.AddrPort
+	// PinLimit caps the bytes of pinned memory (0: RLIMIT_MEMLOCK, enforced
+	// as the kernel does, only without CAP_IPC_LOCK).
+	PinLimit int64
+	// Impair injects loss, reordering, duplication, corruption and delay
+	// (nil: none). See conn.ParseImpairment for the CLI syntax.
+	Impair *conn.Impairment
+	// Tap receives every datagram sent and received (e.g. a pcap writer).
+	Tap conn.Tap
+	// DisableGSO and DisableGRO turn off UDP segmentation offloads.
+	DisableGSO, DisableGRO bool
+	// Conn, if set, is used instead of a UDP socket (tests: conn.NewPipe).
+	Conn conn.Conn
+	// Logf receives rate-limited warnings; nil is silent.
+	Logf func(format string, args ...any)
+}
+
+// Device is an open softrdma NIC (struct ibv_context).
+type Device struct {
+	t     *transport.Device
+	place *placement.Engine
+	conn  conn.Conn
+	pdSeq atomic.Uint32
+	mu    sync.Mutex
+}
+
+// Open creates a device bound to cfg.Addr (ibv_open_device). Errors: the
+// address cannot be bound, or cfg is invalid.
+func Open(cfg Config) (*Device, error) {
+	c := cfg.Conn
+	if c == nil {
+		addr := cfg.Addr
+		if !addr.IsValid() {
+			addr = netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), wire.RoCEv2Port)
+		}
+		var err error
+		c, err = conn.Listen(conn.Config{
+			Addr: addr, Impair: cfg.Impair, Tap: cfg.Tap,
+			DisableGSO: cfg.DisableGSO, DisableGRO: cfg.DisableGRO, Logf: cfg.Logf,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("softrdma: open %v: %w", addr, err)
+		}
+	}
+	place := placement.New(placement.Config{PinLimit: cfg.PinLimit})
+	t, err := transport.NewDevice(transport.Config{Conn: c, Placement: place, Logf: cfg.Logf})
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("softrdma: open: %w", err)
+	}
+	return &Device{t: t, place: place, conn: c}, nil
+}
+
+// Close destroys every QP (flushing their WRs) and releases the socket
+// (ibv_close_device). Registered MRs stay valid memory but are no longer
+// reachable by the network.
+func (d *Device) Close() error { return d.t.Close() }
+
+// GID returns the device's address as a 16-byte GID (IPv4 addresses are
+// IPv4-mapped, ::ffff:a.b.c.d, as RoCEv2 GID index 1 is in rxe).
+func (d *Device) GID() [16]byte { return d.conn.LocalAddr().Addr().As16() }
+
+// LocalAddr returns the bound UDP address.
+func (d *Device) LocalAddr() netip.AddrPort { return d.conn.LocalAddr() }
+
+// Counters returns the device's hardware counters (rxe hw_counters names).
+func (d *Device) Counters() *transport.Counters { return d.t.Counters() }
+
+// ConnStats returns the socket-level counters (datagrams, syscalls, GSO,
+// bad ICRC, impairment).
+func (d *Device) ConnStats() *conn.Stats { return d.conn.Stats() }
+
+// DeviceAttr describes a device (struct ibv_device_attr and the port's
+// ibv_port_attr, the fields that matter here).
+type DeviceAttr struct {
+	MaxQP           int    // QPs
+	MaxQPWR         int    // WRs per queue
+	MaxSGE          int    // SGEs per WR
+	MaxCQE          int    // completions per CQ
+	MaxMRSize       uint64 // bytes
+	MaxQPRdAtom     int    // outstanding READ/atomic as target (max_qp_rd_atom)
+	MaxQPInitRdAtom int    // as initiator (max_qp_init_rd_atom)
+	MaxInlineData   int    // bytes
+	PageSizeCap     uint64 // bytes (4096)
+	AtomicCap       string // "ATOMIC_HCA": atomic with respect to this device's own atomics
+	ActiveMTU       MTU    // largest path MTU (4096)
+	GID             [16]byte
+}
+
+// MaxCQE is the largest CQ depth.
+const MaxCQE = 1 << 20
+
+// Attr returns the device's attributes (ibv_query_device + ibv_query_port).
+func (d *Device) Attr() DeviceAttr {
+	return DeviceAttr{
+		MaxQP: transport.MaxQPN - transport.FirstQPN, MaxQPWR: transport.MaxQPWR,
+		MaxSGE: transport.MaxSGE, MaxCQE: MaxCQE, MaxMRSize: 1 << 40,
+		MaxQPRdAtom: transport.MaxRdAtomic, MaxQPInitRdAtom: transport.MaxRdAtomic,
+		MaxInlineData: transport.MaxInline, PageSizeCap: 4096, AtomicCap: "ATOMIC_HCA",
+		ActiveMTU: MTU4096, GID: d.GID(),
+	}
+}
+
+// PD is a protection domain (struct ibv_pd).
+type PD struct {
+	dev *Device
+	id  uint32
+}
+
+// AllocPD allocates a protection domain (ibv_alloc_pd).
+func (d *Device) AllocPD() (*PD, error) {
+	return &PD{dev: d, id: d.pdSeq.Add(1)}, nil
+}
+
+// MR is a registered memory region (struct ibv_mr): LKey(), RKey(),
+// Addr() (the IOVA of its first byte, what a peer puts in a RETH) and
+// Len() in bytes.
+type MR = placement.MR
+
+// ErrBadAccess is returned when REMOTE_WRITE or REMOTE_ATOMIC is asked
+// without LOCAL_WRITE (IBTA 10.6.3.1, ibv_reg_mr(3): EINVAL).
+var ErrBadAccess = errors.New("softrdma: REMOTE_WRITE and REMOTE_ATOMIC need LOCAL_WRITE")
+
+// RegMR registers buf in pd with the given access (ibv_reg_mr). The pages
+// are prefaulted and locked (mlock); the MR's IOVA is the address of
+// buf[0]. Errors: empty buffer, ErrBadAccess, a pin limit (the error names
+// RLIMIT_MEMLOCK or the configured limit).
+func (d *Device) RegMR(pd *PD, buf []byte, access Access) (*MR, error) {
+	if access&(AccessRemoteWrite|AccessRemoteAtomic) != 0 && access&AccessLocalWrite == 0 {
+		return nil, ErrBadAccess
+	}
+	mr, err := d.place.RegMR(pd.id, buf, access)
+	if err != nil {
+		return nil, fmt.Errorf("softrdma: reg MR: %w", err)
+	}
+	return mr, nil
+}
+
+// DeregMR invalidates the MR's keys, waits for placements in flight through
+// it and unpins it (ibv_dereg_mr).
+func (d *Device) DeregMR(mr *MR) error {
+	if err := d.place.DeregMR(mr); err != nil {
+		return fmt.Errorf("softrdma: dereg MR: %w", err)
+	}
+	return nil
+}
+
+// CreateCQ creates a completion queue holding depth completions
+// (ibv_create_cq). depth must be 1 to MaxCQE.
+func (d *Device) CreateCQ(depth int) (*CQ, error) {
+	if depth < 1 || depth > MaxCQE {
+		return nil, fmt.Errorf("softrdma: create CQ: depth %d (1-%d)", depth, MaxCQE)
+	}
+	return transport.NewCQ(depth), nil
+}
+
+// CreateQP creates a queue pair in RESET in pd (ibv_create_qp).
+func (d *Device) CreateQP(pd *PD, init QPInitAttr) (*QP, error) {
+	qp, err := d.t.CreateQP(pd.id, &init)
+	if err != nil {
+		return nil, fmt.Errorf("softrdma: create QP: %w", err)
+	}
+	return qp, nil
+}
+
+// DestroyQP destroys a QP, flushing its outstanding WRs (ibv_destroy_qp).
+func (d *Device) DestroyQP(qp *QP) error { return d.t.DestroyQP(qp) }

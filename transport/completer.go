@@ -1,0 +1,268 @@
+package transport
+
+import (
+	"encoding/binary"
+	"time"
+
+	"github.com/softrdma/softrdma/placement"
+	"github.com/softrdma/softrdma/transport/wire"
+)
+
+// completeRecv runs the completer on an ACK, NAK, READ response or atomic
+// ACK (rxe_completer).
+func (qp *QP) completeRecv(p *wire.Packet, path *path) {
+	qp.sq.Lock()
+	kick := qp.completer(p, path)
+	fatal := qp.fatal
+	qp.fatal = false
+	qp.sq.Unlock()
+	if fatal {
+		qp.enterError()
+		return
+	}
+	if kick {
+		qp.dev.kick(qp)
+	}
+}
+
+// completer handles one response; caller holds sq. It returns whether the
+// requester should run (the window opened or a retry starts).
+func (qp *QP) completer(p *wire.Packet, path *path) bool {
+	c := &qp.comp
+	ctr := &qp.dev.counters
+	psn := p.PSN()
+	st := qp.State()
+	if st != QPStateRTS && st != QPStateSQD && st != QPStateSQE {
+		ctr.drop(DropBadQPState)
+		return false
+	}
+	// A response must fall in [comp.psn, hiPSN): older ones are
+	// duplicates, newer ones answer nothing we sent.
+	if !qp.req.hiSet || !psn.Before(qp.req.hiPSN) {
+		ctr.drop(DropGhostResponse)
+		return false
+	}
+	if psn.Before(c.psn) {
+		ctr.drop(DropDuplicateResponse)
+		return false
+	}
+	op := p.Opcode()
+	switch op {
+	case wire.OpAcknowledge:
+		return qp.onAETH(p.AETH().Syndrome(), psn)
+	case wire.OpAtomicAcknowledge:
+		if !qp.ackUpTo(psn.Sub(1)) {
+			return qp.retry()
+		}
+		w := qp.oldest()
+		if w == nil || !w.psnSet || (w.wr.Opcode != WRAtomicCmpAndSwp && w.wr.Opcode != WRAtomicFetchAndAdd) || w.firstPSN != psn {
+			ctr.drop(DropGhostResponse)
+			return false
+		}
+		var v [8]byte
+		binary.NativeEndian.PutUint64(v[:], p.AtomicAckETH().OrigRemoteData())
+		if st := qp.dev.place.Scatter(qp.pd, w.wr.SGL, 0, v[:]); st != placement.OK {
+			qp.complete(w, WCLocProtErr, true)
+			qp.fatal = true
+			return false
+		}
+		qp.retire(w, WCSuccess)
+		c.psn = psn.Add(1)
+		qp.progress()
+		return true
+	default: // READ responses
+		if !qp.ackUpTo(psn.Sub(1)) {
+			return qp.retry()
+		}
+		w := qp.oldest()
+		if w == nil || !w.psnSet || w.wr.Opcode != WRRDMARead ||
+			psn.Before(w.firstPSN) || w.lastPSN.Before(psn) {
+			ctr.drop(DropGhostResponse)
+			return false
+		}
+		mtu := uint64(path.mtu)
+		want := w.firstPSN.Add(uint32(w.readDone / mtu))
+		if psn != want {
+			if want.Before(psn) {
+				// A response was lost: ask again for the rest, once per
+				// missing PSN (the timer covers a lost re-request).
+				ctr.drop(DropPSNOutOfWindow)
+				if c.readRetry != want || !c.readRetrySet {
+					c.readRetry, c.readRetrySet = want, true
+					ctr.RcvdSeqErr.Add(1)
+					return qp.retry()
+				}
+				return false
+			}
+			ctr.drop(DropDuplicateResponse)
+			return false
+		}
+		info := p.Info
+		n := uint64(len(p.Payload))
+		last := info.Mask&wire.MaskLast != 0
+		if w.readDone+n > w.length || (!last && n != mtu) || (last && w.readDone+n != w.length) {
+			qp.complete(w, WCBadRespErr, true)
+			qp.fatal = true
+			return false
+		}
+		if n > 0 {
+			if st := qp.dev.place.Scatter(qp.pd, w.wr.SGL, w.readDone, p.Payload); st != placement.OK {
+				qp.complete(w, WCLocProtErr, true)
+				qp.fatal = true
+				return false
+			}
+		}
+		w.readDone += n
+		c.psn = psn.Add(1)
+		c.readRetrySet = false
+		if last {
+			qp.retire(w, WCSuccess)
+		}
+		qp.progress()
+		return true
+	}
+}
+
+// onAETH handles an ACKNOWLEDGE packet's syndrome (IBTA 9.7.5.1 and rxe's
+// check_ack).
+func (qp *QP) onAETH(syn wire.Syndrome, psn wire.PSN) bool {
+	c := &qp.comp
+	ctr := &qp.dev.counters
+	switch syn.Type() {
+	case wire.TypeACK:
+		if !qp.ackUpTo(psn) {
+			return qp.retry()
+		}
+		if c.psn.Before(psn.Add(1)) {
+			c.psn = psn.Add(1)
+		}
+		qp.progress()
+		return true
+	case wire.TypeRNRNAK:
+		ctr.RcvdRNRErr.Add(1)
+		if !qp.ackUpTo(psn.Sub(1)) {
+			return qp.retry()
+		}
+		c.psn = psn
+		if c.rnrRetry == 0 {
+			if w := qp.oldest(); w != nil {
+				qp.complete(w, WCRNRRetryExcErr, true)
+			}
+			ctr.RetryRNRExceededErr.Add(1)
+			qp.fatal = true
+			return false
+		}
+		if c.rnrRetry != 7 {
+			c.rnrRetry--
+		}
+		c.rnrWait = true
+		qp.armTimer(timeDuration(wire.RNRTimerNanoseconds(syn.Value())))
+		return false
+	case wire.TypeNAK:
+		if !qp.ackUpTo(psn.Sub(1)) {
+			return qp.retry()
+		}
+		c.psn = psn
+		if syn == wire.SyndromeNAKPSNSeqErr {
+			ctr.RcvdSeqErr.Add(1)
+			if c.retryCnt == 0 {
+				if w := qp.oldest(); w != nil {
+					qp.complete(w, WCRetryExcErr, true)
+				}
+				ctr.RetryExceededErr.Add(1)
+				qp.fatal = true
+				return false
+			}
+			if c.retryCnt != 7 {
+				c.retryCnt--
+			}
+			return qp.retry()
+		}
+		status := WCRemInvReqErr
+		switch syn {
+		case wire.SyndromeNAKRemoteAccess:
+			status = WCRemAccessErr
+		case wire.SyndromeNAKRemoteOp:
+			status = WCRemOpErr
+		case wire.SyndromeNAKInvalidRDReq:
+			status = WCRemInvRDReqErr
+		}
+		if w := qp.oldest(); w != nil {
+			qp.complete(w, status, true)
+		}
+		qp.fatal = true
+		return false
+	}
+	ctr.drop(DropMalformed)
+	return false
+}
+
+// oldest returns the oldest incomplete WQE, or nil.
+func (qp *QP) oldest() *sendWQE {
+	if qp.comp.idx >= qp.sq.head {
+		return nil
+	}
+	return &qp.sq.wqe[qp.comp.idx%uint64(len(qp.sq.wqe))]
+}
+
+// ackUpTo completes the WQEs whose last PSN is at or before psn. It reports
+// false when it meets a READ or atomic that has not received its response:
+// an ACK beyond it means the responses were lost (an implied NAK), and the
+// caller retries.
+func (qp *QP) ackUpTo(psn wire.PSN) bool {
+	for {
+		w := qp.oldest()
+		if w == nil || !w.psnSet || psn.Before(w.lastPSN) {
+			if w != nil && w.psnSet && !psn.Before(w.firstPSN) &&
+				w.wr.Opcode != WRRDMARead && !isRdAtomic(w.wr.Opcode) && qp.comp.psn.Before(psn.Add(1)) {
+				qp.comp.psn = psn.Add(1) // part of a long SEND/WRITE is acknowledged
+			}
+			return true
+		}
+		if isRdAtomic(w.wr.Opcode) {
+			return false
+		}
+		qp.retire(w, WCSuccess)
+		if qp.comp.psn.Before(w.lastPSN.Add(1)) {
+			qp.comp.psn = w.lastPSN.Add(1)
+		}
+	}
+}
+
+// retire completes the oldest WQE and advances the completer past it.
+func (qp *QP) retire(w *sendWQE, st WCStatus) {
+	qp.complete(w, st, false)
+	if isRdAtomic(w.wr.Opcode) && qp.req.rdAtomic > 0 && qp.comp.idx < qp.req.acct {
+		qp.req.rdAtomic--
+	}
+	qp.comp.idx++
+	if qp.req.idx < qp.comp.idx {
+		qp.req.idx, qp.req.acct, qp.req.offset = qp.comp.idx, qp.comp.idx, 0
+	}
+	if qp.req.acct < qp.comp.idx {
+		qp.req.acct = qp.comp.idx
+	}
+	qp.comp.retryCnt = qp.attr.RetryCnt
+	qp.comp.rnrRetry = qp.attr.RNRRetry
+}
+
+// retry starts go-back-N from the oldest unacknowledged PSN.
+func (qp *QP) retry() bool {
+	qp.dev.counters.CompleterRetryErr.Add(1)
+	qp.rewind()
+	return true
+}
+
+// progress re-arms or stops the retransmit timer after forward progress.
+func (qp *QP) progress() {
+	if qp.comp.idx >= qp.sq.head || (qp.comp.idx >= qp.req.idx && qp.comp.psn == qp.req.psn) {
+		if qp.comp.timerArmed {
+			qp.comp.timerArmed = false
+			qp.timer.Stop()
+		}
+		return
+	}
+	qp.armTimer(qp.timeoutDuration())
+}
+
+func timeDuration(ns int64) time.Duration { return time.Duration(ns) }

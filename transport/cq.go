@@ -1,0 +1,103 @@
+package transport
+
+import (
+	"context"
+	"sync"
+)
+
+// CQ is a completion queue (ibv_cq): a ring of at most depth WCs. When a
+// completion arrives at a full CQ, the CQ enters the error state and every
+// later Poll returns ErrCQOverrun, as IBTA 11.4.2.1 requires (a CQ overrun
+// is an affiliated asynchronous error; no completion is overwritten).
+//
+// CQ is safe for concurrent use.
+type CQ struct {
+	mu struct {
+		sync.Mutex
+		ring    []WC // guarded by mu
+		head    int  // index of the oldest WC; guarded by mu
+		n       int  // number of WCs queued; guarded by mu
+		overrun bool // guarded by mu
+	}
+	notify chan struct{} // capacity 1: a completion arrived
+}
+
+// NewCQ returns a CQ holding up to depth completions (ibv_create_cq's cqe).
+func NewCQ(depth int) *CQ {
+	if depth < 1 {
+		depth = 1
+	}
+	cq := &CQ{notify: make(chan struct{}, 1)}
+	cq.mu.ring = make([]WC, depth)
+	return cq
+}
+
+// Depth returns the capacity in completions.
+func (cq *CQ) Depth() int { return len(cq.mu.ring) }
+
+// push appends a completion. It reports false, and puts the CQ in the
+// overrun error state, when the CQ is full.
+func (cq *CQ) push(wc *WC) bool {
+	cq.mu.Lock()
+	if cq.mu.overrun || cq.mu.n == len(cq.mu.ring) {
+		cq.mu.overrun = true
+		cq.mu.Unlock()
+		cq.wake()
+		return false
+	}
+	i := cq.mu.head + cq.mu.n
+	if i >= len(cq.mu.ring) {
+		i -= len(cq.mu.ring)
+	}
+	cq.mu.ring[i] = *wc
+	cq.mu.n++
+	cq.mu.Unlock()
+	cq.wake()
+	return true
+}
+
+func (cq *CQ) wake() {
+	select {
+	case cq.notify <- struct{}{}:
+	default:
+	}
+}
+
+// Poll moves up to len(wcs) completions, oldest first, into wcs and returns
+// how many (ibv_poll_cq). It never blocks and never allocates. After an
+// overrun it returns ErrCQOverrun.
+func (cq *CQ) Poll(wcs []WC) (int, error) {
+	cq.mu.Lock()
+	defer cq.mu.Unlock()
+	if cq.mu.overrun {
+		return 0, ErrCQOverrun
+	}
+	n := 0
+	for n < len(wcs) && cq.mu.n > 0 {
+		wcs[n] = cq.mu.ring[cq.mu.head]
+		cq.mu.head++
+		if cq.mu.head == len(cq.mu.ring) {
+			cq.mu.head = 0
+		}
+		cq.mu.n--
+		n++
+	}
+	return n, nil
+}
+
+// Wait blocks until at least one completion is queued (or the CQ is in
+// error), or ctx is done; then it polls like Poll. It is the blocking
+// counterpart of ibv_req_notify_cq + ibv_get_cq_event + ibv_poll_cq.
+func (cq *CQ) Wait(ctx context.Context, wcs []WC) (int, error) {
+	for {
+		n, err := cq.Poll(wcs)
+		if n > 0 || err != nil {
+			return n, err
+		}
+		select {
+		case <-cq.notify:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
+}

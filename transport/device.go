@@ -1,0 +1,397 @@
+package transport
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/softrdma/softrdma/placement"
+	"github.com/softrdma/softrdma/transport/conn"
+	"github.com/softrdma/softrdma/transport/wire"
+)
+
+// Implementation constants of the device.
+const (
+	// FirstQPN is the first QPN handed out; 0 and 1 are the special QPs
+	// (SMI, GSI) and rxe starts at 17.
+	FirstQPN = 0x11
+	// MaxQPN bounds QPNs so that the QP table is a plain array.
+	MaxQPN = 1 << 16
+	// maxPacket is the largest RoCE packet we build or accept: the largest
+	// header (WRITE_ONLY_WITH_IMMEDIATE, 32 bytes) + 4096 + ICRC, rounded.
+	maxPacket = 4160
+	// txBatchSize is the number of packets a send batch holds.
+	txBatchSize = 128
+)
+
+// Config configures a Device.
+type Config struct {
+	Conn      conn.Conn            // the network; the device owns it from now on
+	Placement *placement.Engine    // memory: STags and translation
+	Logf      func(string, ...any) // rate-limited warnings; nil = silent
+}
+
+// Device is one emulated RDMA NIC: a UDP endpoint, its QPs and the two
+// goroutines that drive them (see the package doc).
+type Device struct {
+	conn     conn.Conn
+	place    *placement.Engine
+	logf     func(string, ...any)
+	counters Counters
+
+	qps struct {
+		sync.Mutex
+		next uint32 // next QPN to try; guarded
+	}
+	qpTable [MaxQPN]atomic.Pointer[QP]
+
+	runq struct {
+		sync.Mutex
+		q []*QP // guarded
+	}
+	runqWake chan struct{}
+
+	closed   atomic.Bool
+	done     chan struct{}
+	wg       sync.WaitGroup
+	rxTx     txBatch // used by the receive loop only
+	workerTx txBatch // used by the send worker only
+	ackList  []*QP   // QPs owing a coalesced ACK; receive loop only
+}
+
+// NewDevice starts a device on cfg.Conn.
+func NewDevice(cfg Config) (*Device, error) {
+	if cfg.Conn == nil || cfg.Placement == nil {
+		return nil, errors.New("transport: Config needs Conn and Placement")
+	}
+	d := &Device{
+		conn:     cfg.Conn,
+		place:    cfg.Placement,
+		logf:     cfg.Logf,
+		runqWake: make(chan struct{}, 1),
+		done:     make(chan struct{}),
+	}
+	if d.logf == nil {
+		d.logf = func(string, ...any) {}
+	}
+	d.qps.next = FirstQPN
+	d.rxTx.init(d)
+	d.workerTx.init(d)
+	d.wg.Add(2)
+	go d.rxLoop()
+	go d.txLoop()
+	return d, nil
+}
+
+// Counters returns the device's counters.
+func (d *Device) Counters() *Counters { return &d.counters }
+
+// Conn returns the device's network endpoint.
+func (d *Device) Conn() conn.Conn { return d.conn }
+
+// LocalAddr returns the device's UDP address; its IP is the GID.
+func (d *Device) LocalAddr() netip.AddrPort { return d.conn.LocalAddr() }
+
+// Close stops the device, moves every QP to ERR (flushing its WRs) and
+// closes the network endpoint.
+func (d *Device) Close() error {
+	if d.closed.Swap(true) {
+		return nil
+	}
+	for i := range d.qpTable {
+		if qp := d.qpTable[i].Load(); qp != nil {
+			qp.enterError()
+			qp.stopTimer()
+		}
+	}
+	close(d.done)
+	err := d.conn.Close()
+	d.wg.Wait()
+	return err
+}
+
+// CreateQP creates a QP in RESET (ibv_create_qp) in protection domain pd.
+// Capacities above the device limits (MaxQPWR, MaxSGE, MaxInline) are an
+// error; zero capacities become 1 (SGEs) or 0 (inline).
+func (d *Device) CreateQP(pd uint32, init *QPInitAttr) (*QP, error) {
+	if d.closed.Load() {
+		return nil, ErrClosed
+	}
+	if init.Type != QPTypeRC {
+		return nil, fmt.Errorf("%w: QP type %d (only RC)", ErrBadAttr, init.Type)
+	}
+	if init.SendCQ == nil || init.RecvCQ == nil {
+		return nil, fmt.Errorf("%w: send and receive CQs are required", ErrBadAttr)
+	}
+	c := init.Cap
+	if c.MaxSendWR < 1 || c.MaxSendWR > MaxQPWR || c.MaxRecvWR < 0 || c.MaxRecvWR > MaxQPWR {
+		return nil, fmt.Errorf("%w: max_send_wr %d / max_recv_wr %d (1-%d)", ErrBadAttr, c.MaxSendWR, c.MaxRecvWR, MaxQPWR)
+	}
+	if c.MaxSendSGE > MaxSGE || c.MaxRecvSGE > MaxSGE || c.MaxInlineData > MaxInline || c.MaxInlineData < 0 {
+		return nil, fmt.Errorf("%w: max_sge %d/%d (max %d), max_inline_data %d (max %d)",
+			ErrBadAttr, c.MaxSendSGE, c.MaxRecvSGE, MaxSGE, c.MaxInlineData, MaxInline)
+	}
+	if c.MaxSendSGE < 1 {
+		c.MaxSendSGE = 1
+	}
+	if c.MaxRecvSGE < 1 {
+		c.MaxRecvSGE = 1
+	}
+	if c.MaxRecvWR < 1 {
+		c.MaxRecvWR = 1
+	}
+	qp := &QP{dev: d, pd: pd, sendCQ: init.SendCQ, recvCQ: init.RecvCQ, cap: c, sigAll: init.SQSigAll}
+	qp.sq.wqe = make([]sendWQE, c.MaxSendWR)
+	sgl := make([]SGE, c.MaxSendWR*c.MaxSendSGE)
+	inl := make([]byte, c.MaxSendWR*c.MaxInlineData)
+	for i := range qp.sq.wqe {
+		qp.sq.wqe[i].sgl = sgl[i*c.MaxSendSGE : (i+1)*c.MaxSendSGE : (i+1)*c.MaxSendSGE]
+		qp.sq.wqe[i].inline = inl[i*c.MaxInlineData : (i+1)*c.MaxInlineData : (i+1)*c.MaxInlineData]
+	}
+	qp.rq.wqe = make([]recvWQE, c.MaxRecvWR)
+	rsgl := make([]SGE, c.MaxRecvWR*c.MaxRecvSGE)
+	for i := range qp.rq.wqe {
+		qp.rq.wqe[i].sgl = rsgl[i*c.MaxRecvSGE : (i+1)*c.MaxRecvSGE : (i+1)*c.MaxRecvSGE]
+	}
+	qp.resp.recv.sgl = make([]SGE, c.MaxRecvSGE)
+	qp.resp.res = make([]rdRes, 1)
+	qp.path.Store(&path{mtu: 4096})
+	qp.timer = time.AfterFunc(time.Hour, qp.onTimer)
+	qp.timer.Stop()
+
+	d.qps.Lock()
+	defer d.qps.Unlock()
+	for range MaxQPN {
+		n := d.qps.next
+		d.qps.next++
+		if d.qps.next >= MaxQPN {
+			d.qps.next = FirstQPN
+		}
+		if d.qpTable[n].Load() == nil {
+			qp.qpn = wire.QPN(n)
+			d.qpTable[n].Store(qp)
+			return qp, nil
+		}
+	}
+	return nil, fmt.Errorf("transport: all %d QPNs in use", MaxQPN-FirstQPN)
+}
+
+// DestroyQP removes the QP (ibv_destroy_qp); outstanding WRs are flushed.
+func (d *Device) DestroyQP(qp *QP) error {
+	qp.enterError()
+	qp.stopTimer()
+	d.qpTable[qp.qpn].CompareAndSwap(qp, nil)
+	return nil
+}
+
+// QP returns the QP numbered qpn, or nil.
+func (d *Device) QP(qpn wire.QPN) *QP {
+	if qpn >= MaxQPN {
+		return nil
+	}
+	return d.qpTable[qpn].Load()
+}
+
+// kick puts qp on the send worker's run queue unless it is there already.
+func (d *Device) kick(qp *QP) {
+	if !qp.scheduled.CompareAndSwap(false, true) {
+		return
+	}
+	d.runq.Lock()
+	d.runq.q = append(d.runq.q, qp)
+	d.runq.Unlock()
+	select {
+	case d.runqWake <- struct{}{}:
+	default:
+	}
+}
+
+// txLoop is the send worker: it runs the requesters of kicked QPs and
+// sends what they build.
+func (d *Device) txLoop() {
+	defer d.wg.Done()
+	var work []*QP
+	for {
+		d.runq.Lock()
+		work, d.runq.q = d.runq.q, work[:0]
+		d.runq.Unlock()
+		if len(work) == 0 {
+			select {
+			case <-d.runqWake:
+				continue
+			case <-d.done:
+				return
+			}
+		}
+		for _, qp := range work {
+			qp.scheduled.Store(false)
+			more := qp.runRequester(&d.workerTx)
+			d.workerTx.flush()
+			if more {
+				d.kick(qp)
+			}
+		}
+		clear(work)
+	}
+}
+
+// rxLoop receives batches of datagrams and runs responders and completers.
+func (d *Device) rxLoop() {
+	defer d.wg.Done()
+	pkts := make([]conn.Packet, d.conn.BatchSize())
+	var p wire.Packet
+	errs := 0
+	for {
+		n, err := d.conn.Receive(pkts)
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) || d.closed.Load() {
+				return
+			}
+			errs++
+			if errs%1000 == 1 {
+				d.logf("softrdma: receive: %v", err)
+			}
+			continue
+		}
+		for i := range n {
+			d.handle(&pkts[i], &p)
+		}
+		d.flushAcks()
+		d.rxTx.flush()
+	}
+}
+
+// handle is the receive demux (rxe_rcv's checklist): decode, find the QP,
+// check P_Key and peer, then hand requests to the responder and responses
+// to the completer. Every drop is counted by reason.
+func (d *Device) handle(pkt *conn.Packet, p *wire.Packet) {
+	c := &d.counters
+	if err := wire.Parse(pkt.Buf, p); err != nil {
+		if errors.Is(err, wire.ErrUnknownOpcode) {
+			c.drop(DropUnknownOpcode)
+		} else {
+			c.drop(DropMalformed)
+		}
+		return
+	}
+	if p.Opcode().Transport() != wire.OpRC {
+		c.drop(DropUnknownOpcode)
+		return
+	}
+	bth := p.BTH()
+	if pk := bth.PKey(); pk&0x7fff != wire.DefaultPKey&0x7fff {
+		c.drop(DropBadPKey)
+		return
+	}
+	qp := d.QP(bth.DestQP())
+	if qp == nil {
+		c.drop(DropUnknownQPN)
+		return
+	}
+	st := qp.State()
+	if st == QPStateReset || st == QPStateInit || st == QPStateErr {
+		c.drop(DropBadQPState)
+		return
+	}
+	path := qp.path.Load()
+	if len(p.Payload) > path.mtu {
+		c.drop(DropTooLong)
+		return
+	}
+	if path.dest.Addr() != pkt.Addr.Addr().Unmap() {
+		c.drop(DropWrongAddress)
+		return
+	}
+	c.RcvdPkts.Add(1)
+	if p.Info.Mask&wire.MaskReq != 0 {
+		qp.respond(p, path, &d.rxTx)
+	} else {
+		qp.completeRecv(p, path)
+	}
+}
+
+// flushAcks sends the ACKs coalesced during one receive batch, one per QP
+// (the latest), counting the ones saved as ack_deferred.
+func (d *Device) flushAcks() {
+	for _, qp := range d.ackList {
+		qp.resp.inAckList = false
+		if qp.resp.ackPend {
+			qp.resp.ackPend = false
+			qp.sendAck(&d.rxTx, wire.SyndromeACK, qp.resp.ackPSN)
+		}
+	}
+	clear(d.ackList)
+	d.ackList = d.ackList[:0]
+}
+
+// txBatch collects packets to send in one Conn.Send call. Buffers are
+// preallocated in one slab; a batch is used by one goroutine.
+type txBatch struct {
+	d    *Device
+	slab []byte
+	pkts []conn.Packet
+	n    int
+}
+
+func (b *txBatch) init(d *Device) {
+	b.d = d
+	b.slab = make([]byte, txBatchSize*maxPacket)
+	b.pkts = make([]conn.Packet, txBatchSize)
+}
+
+// full reports whether the batch has no free slot.
+func (b *txBatch) full() bool { return b.n == txBatchSize }
+
+// alloc returns a zeroed-length slot of size bytes addressed to to,
+// flushing first if the batch is full.
+func (b *txBatch) alloc(size int, to netip.AddrPort) []byte {
+	if b.n == txBatchSize {
+		b.flush()
+	}
+	buf := b.slab[b.n*maxPacket : b.n*maxPacket+size : (b.n+1)*maxPacket]
+	b.pkts[b.n] = conn.Packet{Buf: buf, Addr: to}
+	b.n++
+	return buf
+}
+
+// flush sends the batch.
+func (b *txBatch) flush() {
+	if b.n == 0 {
+		return
+	}
+	err := b.d.conn.Send(b.pkts[:b.n])
+	if err != nil {
+		b.d.counters.SendErr.Add(uint64(b.n))
+		if !b.d.closed.Load() {
+			b.d.logf("softrdma: send: %v", err)
+		}
+	} else {
+		b.d.counters.SentPkts.Add(uint64(b.n))
+	}
+	clear(b.pkts[:b.n])
+	b.n = 0
+}
+
+// buildHeader writes a BTH for op into a packet of the QP and returns the
+// packet buffer sized for payload bytes plus pad and ICRC.
+func buildPacket(b *txBatch, path *path, op wire.Opcode, psn wire.PSN, ackReq bool, payload int) ([]byte, *wire.OpInfo) {
+	info := wire.Info(op)
+	pad := wire.PadFor(payload)
+	buf := b.alloc(info.Length+payload+pad+wire.ICRCSize, path.dest)
+	wire.BTH(buf).Encode(&wire.BTHFields{
+		Opcode:   op,
+		PadCount: pad,
+		PKey:     wire.DefaultPKey,
+		DestQP:   path.destQPN,
+		AckReq:   ackReq,
+		PSN:      psn,
+	})
+	if pad != 0 {
+		clear(buf[info.Length+payload : info.Length+payload+pad])
+	}
+	return buf, info
+}

@@ -1,0 +1,667 @@
+package transport
+
+import (
+	"fmt"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/softrdma/softrdma/placement"
+	"github.com/softrdma/softrdma/stag"
+	"github.com/softrdma/softrdma/transport/wire"
+)
+
+// Implementation limits.
+const (
+	// MaxSGE is the most SGEs a WR may carry (ibv_device_attr.max_sge).
+	MaxSGE = 32
+	// MaxInline is the largest max_inline_data a QP may ask for, in bytes.
+	MaxInline = 1024
+	// MaxQPWR is the largest send or receive queue, in WRs.
+	MaxQPWR = 1 << 16
+	// MaxRdAtomic is the most outstanding READ/atomic requests per QP, as
+	// initiator or as target (ibv_device_attr.max_qp_rd_atom).
+	MaxRdAtomic = 128
+	// MaxUnackedPSNs bounds the PSNs a requester may have outstanding: a
+	// window, so that a fast sender cannot overrun the receiver's socket
+	// buffer (64 MiB holds 16k packets of 4 KiB; 1024 leaves room for many
+	// QPs). READ responses count: a READ reserves one PSN per response.
+	MaxUnackedPSNs = 1024
+	// AckEveryNPackets makes the requester set AckReq on every Nth packet
+	// of a long message as well as on the last, so the window keeps moving
+	// (rxe: RXE_MAX_PKT_PER_ACK).
+	AckEveryNPackets = 64
+	// requesterBudget is the number of packets one requester run may send
+	// before yielding to other QPs.
+	requesterBudget = 128
+)
+
+// AttrMask selects the QPAttr fields Modify applies (enum ibv_qp_attr_mask).
+type AttrMask uint32
+
+// Attribute mask bits, libibverbs values.
+const (
+	QPAttrState           AttrMask = 1 << 0
+	QPAttrCurState        AttrMask = 1 << 1
+	QPAttrAccessFlags     AttrMask = 1 << 3
+	QPAttrPKeyIndex       AttrMask = 1 << 4
+	QPAttrPort            AttrMask = 1 << 5
+	QPAttrAV              AttrMask = 1 << 7
+	QPAttrPathMTU         AttrMask = 1 << 8
+	QPAttrTimeout         AttrMask = 1 << 9
+	QPAttrRetryCnt        AttrMask = 1 << 10
+	QPAttrRNRRetry        AttrMask = 1 << 11
+	QPAttrRQPSN           AttrMask = 1 << 12
+	QPAttrMaxQPRdAtomic   AttrMask = 1 << 13
+	QPAttrMinRNRTimer     AttrMask = 1 << 15
+	QPAttrSQPSN           AttrMask = 1 << 16
+	QPAttrMaxDestRdAtomic AttrMask = 1 << 17
+	QPAttrDestQPN         AttrMask = 1 << 20
+)
+
+var attrNames = map[AttrMask]string{
+	QPAttrState: "IBV_QP_STATE", QPAttrAccessFlags: "IBV_QP_ACCESS_FLAGS",
+	QPAttrPKeyIndex: "IBV_QP_PKEY_INDEX", QPAttrPort: "IBV_QP_PORT", QPAttrAV: "IBV_QP_AV",
+	QPAttrPathMTU: "IBV_QP_PATH_MTU", QPAttrTimeout: "IBV_QP_TIMEOUT",
+	QPAttrRetryCnt: "IBV_QP_RETRY_CNT", QPAttrRNRRetry: "IBV_QP_RNR_RETRY",
+	QPAttrRQPSN: "IBV_QP_RQ_PSN", QPAttrMaxQPRdAtomic: "IBV_QP_MAX_QP_RD_ATOMIC",
+	QPAttrMinRNRTimer: "IBV_QP_MIN_RNR_TIMER", QPAttrSQPSN: "IBV_QP_SQ_PSN",
+	QPAttrMaxDestRdAtomic: "IBV_QP_MAX_DEST_RD_ATOMIC", QPAttrDestQPN: "IBV_QP_DEST_QPN",
+}
+
+// QPAttr holds QP attributes (struct ibv_qp_attr, the fields RC uses).
+type QPAttr struct {
+	State           QPState
+	AccessFlags     stag.Access    // qp_access_flags: REMOTE_WRITE, REMOTE_READ, REMOTE_ATOMIC
+	PKeyIndex       uint16         // only index 0 (P_Key 0xffff) exists
+	Port            uint8          // only port 1 exists
+	Dest            netip.AddrPort // ah_attr: the peer's IP (its GID) and UDP port (4791 if 0)
+	PathMTU         MTU            // path_mtu
+	Timeout         uint8          // local ACK timeout: 4.096 µs × 2^Timeout, 0 = infinite (IBTA 9.7.6.1.3)
+	RetryCnt        uint8          // retries on timeout or NAK; 7 = retry forever (as rxe does)
+	RNRRetry        uint8          // retries on RNR NAK; 7 = retry forever (IBTA 9.7.5.2.8)
+	RQPSN           wire.PSN       // rq_psn: first expected PSN of the responder
+	SQPSN           wire.PSN       // sq_psn: first PSN of the requester
+	MaxRdAtomic     uint8          // max_rd_atomic: outstanding READ/atomic as initiator
+	MaxDestRdAtomic uint8          // max_dest_rd_atomic: as target
+	MinRNRTimer     uint8          // min_rnr_timer, encoded (IBTA Table 45)
+	DestQPN         wire.QPN       // dest_qp_num
+}
+
+// required lists, per transition, the attributes ib_modify_qp_is_ok
+// (IBTA 10.3.1, Table 91 "QP state transition properties") demands for RC.
+var required = map[[2]QPState]AttrMask{
+	{QPStateReset, QPStateInit}: QPAttrPKeyIndex | QPAttrPort | QPAttrAccessFlags,
+	{QPStateInit, QPStateRTR}: QPAttrAV | QPAttrPathMTU | QPAttrDestQPN | QPAttrRQPSN |
+		QPAttrMaxDestRdAtomic | QPAttrMinRNRTimer,
+	{QPStateRTR, QPStateRTS}: QPAttrSQPSN | QPAttrTimeout | QPAttrRetryCnt | QPAttrRNRRetry |
+		QPAttrMaxQPRdAtomic,
+}
+
+// allowed is the set of legal transitions (IBTA 10.3.1 Figure 125);
+// any state may also go to RESET or ERR.
+var allowed = map[[2]QPState]bool{
+	{QPStateReset, QPStateInit}: true, {QPStateInit, QPStateInit}: true,
+	{QPStateInit, QPStateRTR}: true, {QPStateRTR, QPStateRTS}: true,
+	{QPStateRTS, QPStateRTS}: true, {QPStateRTS, QPStateSQD}: true,
+	{QPStateSQD, QPStateSQD}: true, {QPStateSQD, QPStateRTS}: true,
+	{QPStateSQE, QPStateRTS}: true,
+}
+
+// QPInitAttr configures CreateQP (struct ibv_qp_init_attr).
+type QPInitAttr struct {
+	SendCQ, RecvCQ *CQ
+	Cap            Cap
+	Type           QPType // only QPTypeRC
+	SQSigAll       bool   // every send WR generates a completion
+}
+
+// QP is a reliable-connected queue pair.
+type QP struct {
+	dev    *Device
+	qpn    wire.QPN
+	pd     uint32
+	sendCQ *CQ
+	recvCQ *CQ
+	cap    Cap
+	sigAll bool
+
+	state atomic.Uint32 // QPState; written under sq.mu and rq.mu
+
+	// attr is written by Modify under sq.mu and rq.mu; read under either.
+	attr     QPAttr
+	modifyMu sync.Mutex // serializes Modify
+	// path is what the data path reads of attr, published atomically by
+	// Modify so that the receive loop needs no lock.
+	path atomic.Pointer[path]
+
+	sq struct {
+		sync.Mutex
+		wqe  []sendWQE // ring of cap.MaxSendWR slots
+		head uint64    // next slot to post
+		// req (requester) and comp (completer) below are guarded by this
+		// lock too.
+	}
+	req   reqState  // guarded by sq
+	fatal bool      // guarded by sq: move to ERR once sq is unlocked
+	comp  compState // guarded by sq
+
+	rq struct {
+		sync.Mutex
+		wqe  []recvWQE // ring of cap.MaxRecvWR slots
+		head uint64    // next slot to post
+		tail uint64    // oldest posted, not yet consumed
+	}
+
+	resp respState // owned by the device's receive loop
+
+	scheduled atomic.Bool // on the send worker's run queue
+	timer     *time.Timer // retransmit / RNR timer; fires qp.onTimer
+	timerGen  atomic.Uint64
+}
+
+// path holds the attributes the data path reads; immutable once published.
+type path struct {
+	dest        netip.AddrPort // peer IP (its GID) and UDP port
+	destQPN     wire.QPN
+	mtu         int         // path MTU in bytes
+	access      stag.Access // qp_access_flags
+	minRNRTimer uint8
+}
+
+// sendWQE is one send queue entry. sgl and inline are preallocated per
+// slot so that posting allocates nothing.
+type sendWQE struct {
+	wr       SendWR
+	sgl      []SGE  // backing for wr.SGL (cap.MaxSendSGE)
+	inline   []byte // backing for inline data (cap.MaxInlineData)
+	isInline bool
+	length   uint64 // total bytes of the message
+	npkts    uint32 // packets (or READ response packets)
+	firstPSN wire.PSN
+	lastPSN  wire.PSN
+	psnSet   bool // firstPSN/lastPSN assigned
+	done     bool // completed (by ACK or response)
+	status   WCStatus
+	readDone uint64 // READ: response bytes placed so far
+}
+
+type recvWQE struct {
+	wrid   uint64
+	sgl    []SGE
+	nsge   int
+	length uint64
+}
+
+// reqState is the requester's state (rxe qp->req). Guarded by sq.
+type reqState struct {
+	idx      uint64   // next WQE to send from
+	offset   uint64   // bytes of WQE idx already sent
+	psn      wire.PSN // next PSN to send (IBTA 9.7.1: the requester's current PSN)
+	noack    int      // packets sent since the last AckReq
+	acct     uint64   // next WQE whose fence and credit checks have not run in this pass
+	rdAtomic int      // READ/atomic WQEs in [comp.idx, idx) not yet completed
+	hiPSN    wire.PSN // one past the highest PSN ever sent (for counting retransmissions)
+	hiSet    bool
+}
+
+// compState is the completer's state (rxe qp->comp). Guarded by sq.
+type compState struct {
+	idx          uint64    // oldest WQE not completed
+	psn          wire.PSN  // oldest PSN not acknowledged
+	retryCnt     uint8     // retries left (7 = forever)
+	rnrRetry     uint8     // RNR retries left (7 = forever)
+	rnrWait      bool      // waiting for the RNR timer
+	deadline     time.Time // when the armed timer expires without progress
+	readRetry    wire.PSN  // the READ response PSN a re-request was sent for
+	readRetrySet bool
+	timerArmed   bool
+}
+
+// respState is the responder's state (rxe qp->resp). Owned by the receive loop.
+type respState struct {
+	ePSN      wire.PSN    // expected PSN (IBTA 9.7.4.1)
+	msn       wire.MSN    // messages completed (IBTA 9.7.5.1.2)
+	nakSent   bool        // a PSN sequence error NAK was sent for the current gap
+	lastOp    wire.Opcode // opcode of the last in-order request, for sequence checks
+	inMsg     bool        // inside a multi-packet SEND or WRITE
+	recv      recvWQE     // the receive WQE a SEND is filling
+	haveRecv  bool
+	recvOff   uint64
+	wcStatus  WCStatus // error to report for the current SEND (e.g. LocLenErr)
+	cur       placement.Cursor
+	wlen      uint64  // WRITE: DMA length of the current message
+	wdone     uint64  // WRITE: bytes placed
+	res       []rdRes // READ/atomic resources (max_dest_rd_atomic), a ring
+	resNext   int
+	ackPend   bool // an ACK is owed, coalesced until the end of the receive batch
+	ackPSN    wire.PSN
+	inAckList bool
+}
+
+// rdRes remembers an executed READ or atomic so that a duplicate request is
+// answered again without executing it twice (IBTA 9.7.5.1.4, o9-31).
+type rdRes struct {
+	valid    bool
+	atomic   bool
+	firstPSN wire.PSN
+	lastPSN  wire.PSN
+	va       uint64
+	rkey     uint32
+	length   uint64
+	orig     uint64 // atomic: original value
+	msn      wire.MSN
+}
+
+// QPN returns the QP number.
+func (qp *QP) QPN() wire.QPN { return qp.qpn }
+
+// State returns the current state.
+func (qp *QP) State() QPState { return QPState(qp.state.Load()) }
+
+// Cap returns the queue capacities.
+func (qp *QP) Cap() Cap { return qp.cap }
+
+// Attr returns a copy of the attributes last set by Modify.
+func (qp *QP) Attr() QPAttr {
+	qp.sq.Lock()
+	defer qp.sq.Unlock()
+	a := qp.attr
+	a.State = qp.State()
+	return a
+}
+
+// Modify changes attributes and state (ibv_modify_qp). The transition must
+// be legal and carry the attributes Table 91 requires; errors are
+// ErrBadTransition and ErrBadAttr, wrapped with the missing attribute's
+// libibverbs name.
+func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
+	qp.modifyMu.Lock()
+	defer qp.modifyMu.Unlock()
+	cur := qp.State()
+	next := cur
+	if mask&QPAttrState != 0 {
+		next = attr.State
+	}
+	if mask&QPAttrState != 0 && next != QPStateReset && next != QPStateErr {
+		if !allowed[[2]QPState{cur, next}] {
+			return fmt.Errorf("%w: %v -> %v", ErrBadTransition, cur, next)
+		}
+		if req := required[[2]QPState{cur, next}]; mask&req != req {
+			for b := AttrMask(1); b != 0; b <<= 1 {
+				if req&b != 0 && mask&b == 0 {
+					return fmt.Errorf("%w: %v -> %v needs %s", ErrBadAttr, cur, next, attrNames[b])
+				}
+			}
+		}
+	}
+	if mask&QPAttrPathMTU != 0 && attr.PathMTU.Bytes() == 0 {
+		return fmt.Errorf("%w: path MTU code %d (want 1-5)", ErrBadAttr, attr.PathMTU)
+	}
+	if mask&QPAttrPKeyIndex != 0 && attr.PKeyIndex != 0 {
+		return fmt.Errorf("%w: P_Key index %d (only 0 exists)", ErrBadAttr, attr.PKeyIndex)
+	}
+	if mask&QPAttrPort != 0 && attr.Port != 1 {
+		return fmt.Errorf("%w: port %d (only port 1 exists)", ErrBadAttr, attr.Port)
+	}
+	if mask&QPAttrAV != 0 && !attr.Dest.Addr().IsValid() {
+		return fmt.Errorf("%w: address vector has no destination address", ErrBadAttr)
+	}
+	if mask&QPAttrRetryCnt != 0 && attr.RetryCnt > 7 || mask&QPAttrRNRRetry != 0 && attr.RNRRetry > 7 {
+		return fmt.Errorf("%w: retry_cnt and rnr_retry are 3-bit values (0-7)", ErrBadAttr)
+	}
+	if mask&QPAttrMinRNRTimer != 0 && attr.MinRNRTimer > 31 {
+		return fmt.Errorf("%w: min_rnr_timer is a 5-bit code (0-31)", ErrBadAttr)
+	}
+	if mask&QPAttrTimeout != 0 && attr.Timeout > 31 {
+		return fmt.Errorf("%w: timeout is a 5-bit exponent (0-31)", ErrBadAttr)
+	}
+	if mask&QPAttrMaxQPRdAtomic != 0 && int(attr.MaxRdAtomic) > MaxRdAtomic ||
+		mask&QPAttrMaxDestRdAtomic != 0 && int(attr.MaxDestRdAtomic) > MaxRdAtomic {
+		return fmt.Errorf("%w: max_rd_atomic above the device limit %d", ErrBadAttr, MaxRdAtomic)
+	}
+
+	var flush bool
+	qp.sq.Lock()
+	qp.rq.Lock()
+	np := *qp.path.Load()
+	a := &qp.attr
+	if mask&QPAttrAccessFlags != 0 {
+		a.AccessFlags = attr.AccessFlags
+		np.access = attr.AccessFlags
+	}
+	if mask&QPAttrAV != 0 {
+		a.Dest = attr.Dest
+		if a.Dest.Port() == 0 {
+			a.Dest = netip.AddrPortFrom(a.Dest.Addr(), wire.RoCEv2Port)
+		}
+		np.dest = netip.AddrPortFrom(a.Dest.Addr().Unmap(), a.Dest.Port())
+	}
+	if mask&QPAttrPathMTU != 0 {
+		a.PathMTU = attr.PathMTU
+		np.mtu = attr.PathMTU.Bytes()
+	}
+	if mask&QPAttrTimeout != 0 {
+		a.Timeout = attr.Timeout
+	}
+	if mask&QPAttrRetryCnt != 0 {
+		a.RetryCnt = attr.RetryCnt
+		qp.comp.retryCnt = attr.RetryCnt
+	}
+	if mask&QPAttrRNRRetry != 0 {
+		a.RNRRetry = attr.RNRRetry
+		qp.comp.rnrRetry = attr.RNRRetry
+	}
+	if mask&QPAttrRQPSN != 0 {
+		a.RQPSN = attr.RQPSN & wire.PSNMask
+		qp.resp.ePSN = a.RQPSN
+	}
+	if mask&QPAttrSQPSN != 0 {
+		a.SQPSN = attr.SQPSN & wire.PSNMask
+		qp.req.psn = a.SQPSN
+		qp.comp.psn = a.SQPSN
+	}
+	if mask&QPAttrMaxQPRdAtomic != 0 {
+		a.MaxRdAtomic = attr.MaxRdAtomic
+	}
+	if mask&QPAttrMaxDestRdAtomic != 0 {
+		a.MaxDestRdAtomic = attr.MaxDestRdAtomic
+		n := int(attr.MaxDestRdAtomic)
+		if n == 0 {
+			n = 1
+		}
+		qp.resp.res = make([]rdRes, n)
+	}
+	if mask&QPAttrMinRNRTimer != 0 {
+		a.MinRNRTimer = attr.MinRNRTimer
+		np.minRNRTimer = attr.MinRNRTimer
+	}
+	if mask&QPAttrDestQPN != 0 {
+		a.DestQPN = attr.DestQPN & wire.QPNMask
+		np.destQPN = a.DestQPN
+	}
+	qp.path.Store(&np)
+	if mask&QPAttrState != 0 {
+		switch next {
+		case QPStateReset:
+			qp.resetLocked()
+		case QPStateErr:
+			flush = cur != QPStateErr
+		}
+		qp.state.Store(uint32(next))
+	}
+	qp.rq.Unlock()
+	qp.sq.Unlock()
+	if flush {
+		qp.flush()
+	}
+	if next == QPStateRTS {
+		qp.dev.kick(qp)
+	}
+	return nil
+}
+
+// resetLocked returns the QP to its just-created condition; queued work is
+// discarded without completions (IBTA 10.3.1: RESET clears the queues).
+func (qp *QP) resetLocked() {
+	qp.sq.head = 0
+	qp.req = reqState{}
+	qp.comp = compState{}
+	qp.rq.head, qp.rq.tail = 0, 0
+	qp.resp = respState{res: qp.resp.res}
+	for i := range qp.resp.res {
+		qp.resp.res[i] = rdRes{}
+	}
+	for i := range qp.sq.wqe {
+		qp.sq.wqe[i].reset()
+	}
+}
+
+func (w *sendWQE) reset() {
+	sgl, inl := w.sgl, w.inline
+	*w = sendWQE{sgl: sgl, inline: inl}
+}
+
+// enterError moves the QP to ERR and flushes its queues (IBTA 10.3.1: a
+// QP in the error state completes every outstanding WR with
+// WR_FLUSH_ERR). Called by the engine on a fatal completion error.
+func (qp *QP) enterError() {
+	for {
+		old := qp.state.Load()
+		if QPState(old) == QPStateErr {
+			return
+		}
+		if qp.state.CompareAndSwap(old, uint32(QPStateErr)) {
+			break
+		}
+	}
+	qp.flush()
+}
+
+// flush completes every outstanding send and receive WQE with
+// WR_FLUSH_ERR. Signaled or not, each flushed WR generates a completion
+// (IBA 10.7.3.1: an error always generates a completion).
+func (qp *QP) flush() {
+	qp.sq.Lock()
+	for i := qp.comp.idx; i < qp.sq.head; i++ {
+		w := &qp.sq.wqe[i%uint64(len(qp.sq.wqe))]
+		if !w.done {
+			qp.complete(w, WCWRFlushErr, true)
+		}
+		w.reset()
+	}
+	qp.comp.idx = qp.sq.head
+	qp.req.idx = qp.sq.head
+	qp.req.offset = 0
+	qp.req.rdAtomic = 0
+	qp.sq.Unlock()
+
+	qp.rq.Lock()
+	for ; qp.rq.tail < qp.rq.head; qp.rq.tail++ {
+		w := &qp.rq.wqe[qp.rq.tail%uint64(len(qp.rq.wqe))]
+		wc := WC{WRID: w.wrid, Status: WCWRFlushErr, Opcode: WCRecv, QPN: qpnOf(qp.qpn)}
+		qp.pushWC(qp.recvCQ, &wc)
+	}
+	qp.rq.Unlock()
+}
+
+// complete retires a send WQE into the send CQ if it is signaled or failed.
+// Caller holds sq.
+func (qp *QP) complete(w *sendWQE, st WCStatus, force bool) {
+	w.done = true
+	w.status = st
+	if st == WCSuccess && !force && !qp.sigAll && w.wr.Flags&SendSignaled == 0 {
+		return
+	}
+	wc := WC{WRID: w.wr.WRID, Status: st, QPN: qpnOf(qp.qpn), Opcode: wcOpcodeFor(w.wr.Opcode)}
+	if st == WCSuccess {
+		switch w.wr.Opcode {
+		case WRRDMARead:
+			wc.ByteLen = uint32(w.length)
+		case WRAtomicCmpAndSwp, WRAtomicFetchAndAdd:
+			wc.ByteLen = 8
+		}
+	}
+	qp.pushWC(qp.sendCQ, &wc)
+}
+
+func (qp *QP) pushWC(cq *CQ, wc *WC) {
+	if !cq.push(wc) {
+		qp.dev.counters.CQOverruns.Add(1)
+	}
+}
+
+func wcOpcodeFor(op WROpcode) WCOpcode {
+	switch op {
+	case WRRDMAWrite, WRRDMAWriteWithImm:
+		return WCRDMAWrite
+	case WRRDMARead:
+		return WCRDMARead
+	case WRAtomicCmpAndSwp:
+		return WCCompSwap
+	case WRAtomicFetchAndAdd:
+		return WCFetchAdd
+	case WRLocalInv:
+		return WCLocalInv
+	case WRBindMW:
+		return WCBindMW
+	}
+	return WCSend
+}
+
+// PostSend queues send work requests (ibv_post_send). WRs are checked one by
+// one; the first that fails is not queued and its index is returned with
+// the error, and the WRs before it stay queued. Errors: ErrQPState (the
+// QP is RESET, INIT or RTR), ErrSQFull, ErrTooManySGE, ErrInlineTooBig,
+// ErrBadSGE (an lkey that does not cover its SGE), ErrBadOpcode,
+// ErrAtomicAlign, ErrAtomicLength. In ERR the WRs are queued and flushed
+// with WR_FLUSH_ERR, as libibverbs providers do.
+func (qp *QP) PostSend(wrs ...SendWR) (int, error) {
+	qp.sq.Lock()
+	st := qp.State()
+	if st != QPStateRTS && st != QPStateSQD && st != QPStateErr && st != QPStateSQE {
+		qp.sq.Unlock()
+		return 0, fmt.Errorf("%w: post send in %v", ErrQPState, st)
+	}
+	for i := range wrs {
+		if err := qp.postSendLocked(&wrs[i]); err != nil {
+			qp.sq.Unlock()
+			if i > 0 {
+				qp.dev.kick(qp)
+			}
+			return i, err
+		}
+	}
+	qp.sq.Unlock()
+	if st == QPStateErr || st == QPStateSQE {
+		qp.flush()
+		return len(wrs), nil
+	}
+	qp.dev.kick(qp)
+	return len(wrs), nil
+}
+
+func (qp *QP) postSendLocked(wr *SendWR) error {
+	if qp.sq.head-qp.comp.idx >= uint64(len(qp.sq.wqe)) {
+		return ErrSQFull
+	}
+	if len(wr.SGL) > qp.cap.MaxSendSGE {
+		return fmt.Errorf("%w: %d SGEs, max_send_sge %d", ErrTooManySGE, len(wr.SGL), qp.cap.MaxSendSGE)
+	}
+	var need stag.Access
+	switch wr.Opcode {
+	case WRSend, WRSendWithImm, WRSendWithInv, WRRDMAWrite, WRRDMAWriteWithImm:
+	case WRRDMARead:
+		need = stag.AccessLocalWrite
+		if wr.Flags&SendInline != 0 {
+			return fmt.Errorf("%w: RDMA READ cannot be inline", ErrBadOpcode)
+		}
+	case WRAtomicCmpAndSwp, WRAtomicFetchAndAdd:
+		need = stag.AccessLocalWrite
+		if wr.RemoteAddr&7 != 0 {
+			return fmt.Errorf("%w: 0x%x", ErrAtomicAlign, wr.RemoteAddr)
+		}
+		if len(wr.SGL) != 1 || wr.SGL[0].Length < 8 {
+			return ErrAtomicLength
+		}
+	default:
+		return fmt.Errorf("%w: %v", ErrBadOpcode, wr.Opcode)
+	}
+	total, pst := qp.dev.place.CheckSGL(qp.pd, wr.SGL, need)
+	if pst != placement.OK {
+		return fmt.Errorf("%w: %v", ErrBadSGE, pst)
+	}
+	inline := wr.Flags&SendInline != 0
+	if inline && total > uint64(qp.cap.MaxInlineData) {
+		return fmt.Errorf("%w: %d bytes, max_inline_data %d", ErrInlineTooBig, total, qp.cap.MaxInlineData)
+	}
+	if total > 1<<31 {
+		return fmt.Errorf("%w: message of %d bytes exceeds 2 GiB (max_msg_sz)", ErrBadSGE, total)
+	}
+	w := &qp.sq.wqe[qp.sq.head%uint64(len(qp.sq.wqe))]
+	w.reset()
+	w.wr = *wr
+	w.wr.SGL = w.sgl[:copy(w.sgl, wr.SGL)]
+	w.length = total
+	if wr.Opcode == WRAtomicCmpAndSwp || wr.Opcode == WRAtomicFetchAndAdd {
+		w.length = 8
+		w.wr.SGL[0].Length = 8
+	}
+	if inline {
+		if pst := qp.dev.place.Gather(qp.pd, w.wr.SGL, 0, w.inline[:total]); pst != placement.OK {
+			return fmt.Errorf("%w: %v", ErrBadSGE, pst)
+		}
+		w.isInline = true
+	}
+	qp.sq.head++
+	return nil
+}
+
+// PostRecv queues receive work requests (ibv_post_recv). Errors as
+// PostSend: ErrQPState in RESET, ErrRQFull, ErrTooManySGE, ErrBadSGE. In
+// ERR the WRs are queued and flushed.
+func (qp *QP) PostRecv(wrs ...RecvWR) (int, error) {
+	qp.rq.Lock()
+	st := qp.State()
+	if st == QPStateReset {
+		qp.rq.Unlock()
+		return 0, fmt.Errorf("%w: post recv in %v", ErrQPState, st)
+	}
+	for i := range wrs {
+		wr := &wrs[i]
+		if qp.rq.head-qp.rq.tail >= uint64(len(qp.rq.wqe)) {
+			qp.rq.Unlock()
+			return i, ErrRQFull
+		}
+		if len(wr.SGL) > qp.cap.MaxRecvSGE {
+			qp.rq.Unlock()
+			return i, fmt.Errorf("%w: %d SGEs, max_recv_sge %d", ErrTooManySGE, len(wr.SGL), qp.cap.MaxRecvSGE)
+		}
+		total, pst := qp.dev.place.CheckSGL(qp.pd, wr.SGL, stag.AccessLocalWrite)
+		if pst != placement.OK {
+			qp.rq.Unlock()
+			return i, fmt.Errorf("%w: %v", ErrBadSGE, pst)
+		}
+		w := &qp.rq.wqe[qp.rq.head%uint64(len(qp.rq.wqe))]
+		w.wrid = wr.WRID
+		w.nsge = copy(w.sgl, wr.SGL)
+		w.length = total
+		qp.rq.head++
+	}
+	qp.rq.Unlock()
+	if st == QPStateErr {
+		qp.flush()
+	}
+	return len(wrs), nil
+}
+
+// popRecv takes the oldest receive WQE. Called by the receive loop.
+func (qp *QP) popRecv(w *recvWQE) bool {
+	qp.rq.Lock()
+	defer qp.rq.Unlock()
+	if qp.rq.tail == qp.rq.head {
+		return false
+	}
+	src := &qp.rq.wqe[qp.rq.tail%uint64(len(qp.rq.wqe))]
+	w.wrid = src.wrid
+	w.nsge = src.nsge
+	w.length = src.length
+	if cap(w.sgl) < src.nsge {
+		w.sgl = make([]SGE, len(src.sgl))
+	}
+	w.sgl = w.sgl[:src.nsge]
+	copy(w.sgl, src.sgl[:src.nsge])
+	qp.rq.tail++
+	return true
+}
+
+// timeoutDuration returns the local ACK timeout, 4.096 µs × 2^Timeout
+// (IBTA 9.7.6.1.3), or 0 for infinite.
+func (qp *QP) timeoutDuration() time.Duration {
+	t := qp.attr.Timeout
+	if t == 0 {
+		return 0
+	}
+	return time.Duration(4096<<t) * time.Nanosecond
+}

@@ -1,0 +1,360 @@
+package transport
+
+import (
+	"time"
+
+	"github.com/softrdma/softrdma/placement"
+	"github.com/softrdma/softrdma/transport/wire"
+)
+
+// isRdAtomic reports whether op needs a READ/atomic credit (IBTA 9.7.7:
+// max_rd_atomic bounds outstanding RDMA READ and atomic requests).
+func isRdAtomic(op WROpcode) bool {
+	return op == WRRDMARead || op == WRAtomicCmpAndSwp || op == WRAtomicFetchAndAdd
+}
+
+// packetsFor returns how many PSNs a message of n bytes takes at mtu bytes
+// per packet; a zero-length message takes one.
+func packetsFor(n uint64, mtu int) uint32 {
+	if n == 0 {
+		return 1
+	}
+	return uint32((n + uint64(mtu) - 1) / uint64(mtu))
+}
+
+// runRequester turns send WQEs into packets (rxe_requester): it honours the
+// PSN window, fences and max_rd_atomic, sets AckReq on the last packet of a
+// message and every AckEveryNPackets, and arms the retransmit timer. It
+// returns true when it stopped only because the batch or its budget ran
+// out.
+func (qp *QP) runRequester(b *txBatch) bool {
+	qp.sq.Lock()
+	more := qp.runRequesterLocked(b)
+	fatal := qp.fatal
+	qp.fatal = false
+	qp.sq.Unlock()
+	if fatal {
+		qp.enterError()
+	}
+	return more
+}
+
+func (qp *QP) runRequesterLocked(b *txBatch) bool {
+	st := qp.State()
+	if st != QPStateRTS || qp.comp.rnrWait {
+		return false
+	}
+	path := qp.path.Load()
+	mtu := path.mtu
+	r := &qp.req
+	nslots := uint64(len(qp.sq.wqe))
+	maxRd := int(qp.attr.MaxRdAtomic)
+	if maxRd < 1 {
+		maxRd = 1
+	}
+	sentAny := false
+	budget := requesterBudget
+	more := false
+	for r.idx < qp.sq.head {
+		if budget == 0 || b.full() {
+			more = true
+			break
+		}
+		if qp.comp.psn.Distance(r.psn) >= MaxUnackedPSNs {
+			break // window full: the completer kicks us when it opens
+		}
+		w := &qp.sq.wqe[r.idx%nslots]
+		op := w.wr.Opcode
+		if r.idx == r.acct {
+			// First visit of this WQE in this pass: fence and credits.
+			if w.wr.Flags&SendFence != 0 && r.rdAtomic > 0 {
+				break
+			}
+			if isRdAtomic(op) {
+				if r.rdAtomic >= maxRd {
+					break
+				}
+				r.rdAtomic++
+			}
+			r.acct++
+			if r.offset == 0 {
+				w.firstPSN = r.psn
+				w.npkts = packetsFor(w.length, mtu)
+				if op == WRAtomicCmpAndSwp || op == WRAtomicFetchAndAdd {
+					w.npkts = 1
+				}
+				w.lastPSN = r.psn.Add(w.npkts - 1)
+				w.psnSet = true
+				if op == WRRDMARead || op == WRRDMAWrite || op == WRRDMAWriteWithImm {
+					qp.dev.counters.RDMASends.Add(1)
+				}
+			}
+		}
+		switch op {
+		case WRRDMARead:
+			qp.sendReadRequest(b, path, w)
+			budget--
+			r.idx++
+			r.offset = 0
+		case WRAtomicCmpAndSwp, WRAtomicFetchAndAdd:
+			qp.sendAtomic(b, path, w)
+			budget--
+			r.idx++
+			r.offset = 0
+		default:
+			for budget > 0 && !b.full() {
+				if qp.comp.psn.Distance(r.psn) >= MaxUnackedPSNs {
+					break
+				}
+				if !qp.sendSegment(b, path, w) {
+					return false // local error; the WQE was completed
+				}
+				budget--
+				if r.offset >= w.length {
+					break
+				}
+			}
+			if r.offset >= w.length {
+				r.idx++
+				r.offset = 0
+			}
+		}
+		sentAny = true
+	}
+	if sentAny && !qp.comp.timerArmed {
+		qp.armTimer(qp.timeoutDuration())
+	}
+	return more
+}
+
+// countTx notes a request packet with PSN psn, counting retransmissions.
+func (qp *QP) countTx(psn wire.PSN, n uint32) {
+	r := &qp.req
+	if psn.Before(r.hiPSN) {
+		qp.dev.counters.Retransmits.Add(1)
+	}
+	end := psn.Add(n)
+	if r.hiPSN.Before(end) || !r.hiSet {
+		r.hiPSN = end
+		r.hiSet = true
+	}
+}
+
+// sendSegment sends the next packet of a SEND or RDMA WRITE WQE.
+func (qp *QP) sendSegment(b *txBatch, path *path, w *sendWQE) bool {
+	r := &qp.req
+	mtu := uint64(path.mtu)
+	n := w.length - r.offset
+	if n > mtu {
+		n = mtu
+	}
+	first := r.offset == 0
+	last := r.offset+n == w.length
+	var op wire.Opcode
+	write := w.wr.Opcode == WRRDMAWrite || w.wr.Opcode == WRRDMAWriteWithImm
+	imm := w.wr.Opcode == WRRDMAWriteWithImm || w.wr.Opcode == WRSendWithImm
+	inv := w.wr.Opcode == WRSendWithInv
+	switch {
+	case write && first && last && imm:
+		op = wire.OpRDMAWriteOnlyWithImmediate
+	case write && first && last:
+		op = wire.OpRDMAWriteOnly
+	case write && first:
+		op = wire.OpRDMAWriteFirst
+	case write && last && imm:
+		op = wire.OpRDMAWriteLastWithImmediate
+	case write && last:
+		op = wire.OpRDMAWriteLast
+	case write:
+		op = wire.OpRDMAWriteMiddle
+	case first && last && imm:
+		op = wire.OpSendOnlyWithImmediate
+	case first && last && inv:
+		op = wire.OpSendOnlyWithInvalidate
+	case first && last:
+		op = wire.OpSendOnly
+	case first:
+		op = wire.OpSendFirst
+	case last && imm:
+		op = wire.OpSendLastWithImmediate
+	case last && inv:
+		op = wire.OpSendLastWithInvalidate
+	case last:
+		op = wire.OpSendLast
+	default:
+		op = wire.OpSendMiddle
+	}
+	r.noack++
+	ackReq := last || r.noack >= AckEveryNPackets
+	if ackReq {
+		r.noack = 0
+	}
+	psn := r.psn
+	buf, info := buildPacket(b, path, op, psn, ackReq, int(n))
+	if last && w.wr.Flags&SendSolicited != 0 && !write {
+		buf[1] |= 0x80 // BTH SE: solicited event (IBTA 9.2.3)
+	}
+	if info.Mask&wire.MaskRETH != 0 {
+		wire.RETH(buf[info.Offset[wire.HdrRETH]:]).Encode(&wire.RETHFields{
+			VA: w.wr.RemoteAddr, RKey: w.wr.RKey, DMALength: uint32(w.length)})
+	}
+	if info.Mask&wire.MaskImmDt != 0 {
+		wire.ImmDt(buf[info.Offset[wire.HdrImmDt]:]).SetImm(w.wr.ImmData)
+	}
+	if info.Mask&wire.MaskIETH != 0 {
+		wire.IETH(buf[info.Offset[wire.HdrIETH]:]).SetRKey(w.wr.InvRKey)
+	}
+	dst := buf[info.Length : info.Length+int(n)]
+	if w.isInline {
+		copy(dst, w.inline[r.offset:r.offset+n])
+	} else if n > 0 {
+		if st := qp.dev.place.Gather(qp.pd, w.wr.SGL, r.offset, dst); st != placement.OK {
+			// The MR went away under the WR: a local protection error
+			// (IBTA 10.7.2.2). Drop the packet we were building.
+			b.n--
+			qp.complete(w, WCLocProtErr, true)
+			qp.fatal = true
+			return false
+		}
+	}
+	qp.countTx(psn, 1)
+	r.psn = r.psn.Add(1)
+	r.offset += n
+	return true
+}
+
+// sendReadRequest sends an RDMA READ request for the part of the WQE not
+// yet received (all of it, or the remainder after a retry).
+func (qp *QP) sendReadRequest(b *txBatch, path *path, w *sendWQE) {
+	r := &qp.req
+	done := w.readDone
+	psn := w.firstPSN.Add(uint32(done / uint64(path.mtu)))
+	n := packetsFor(w.length-done, path.mtu)
+	buf, info := buildPacket(b, path, wire.OpRDMAReadRequest, psn, true, 0)
+	wire.RETH(buf[info.Offset[wire.HdrRETH]:]).Encode(&wire.RETHFields{
+		VA: w.wr.RemoteAddr + done, RKey: w.wr.RKey, DMALength: uint32(w.length - done)})
+	qp.countTx(psn, n)
+	r.psn = psn.Add(n)
+	r.noack = 0
+}
+
+// sendAtomic sends a COMPARE_SWAP or FETCH_ADD request.
+func (qp *QP) sendAtomic(b *txBatch, path *path, w *sendWQE) {
+	r := &qp.req
+	op := wire.OpFetchAdd
+	f := wire.AtomicETHFields{VA: w.wr.RemoteAddr, RKey: w.wr.RKey, SwapAdd: w.wr.CompareAdd}
+	if w.wr.Opcode == WRAtomicCmpAndSwp {
+		op = wire.OpCompareSwap
+		f.SwapAdd, f.Compare = w.wr.Swap, w.wr.CompareAdd
+	}
+	buf, info := buildPacket(b, path, op, w.firstPSN, true, 0)
+	wire.AtomicETH(buf[info.Offset[wire.HdrAtomicETH]:]).Encode(&f)
+	qp.countTx(w.firstPSN, 1)
+	r.psn = w.firstPSN.Add(1)
+	r.noack = 0
+}
+
+// rewind restarts the requester at the oldest unacknowledged PSN
+// (go-back-N, IBTA 9.7.5.1.3 / C9-118). Caller holds sq.
+func (qp *QP) rewind() {
+	r := &qp.req
+	c := &qp.comp
+	r.idx = c.idx
+	r.acct = c.idx
+	r.rdAtomic = 0
+	r.noack = 0
+	r.offset = 0
+	r.psn = c.psn
+	if c.idx >= qp.sq.head {
+		return
+	}
+	w := &qp.sq.wqe[c.idx%uint64(len(qp.sq.wqe))]
+	if !w.psnSet {
+		return
+	}
+	mtu := uint64(qp.path.Load().mtu)
+	switch w.wr.Opcode {
+	case WRRDMARead:
+		r.offset = w.readDone
+		r.psn = w.firstPSN.Add(uint32(w.readDone / mtu))
+	case WRAtomicCmpAndSwp, WRAtomicFetchAndAdd:
+		r.psn = w.firstPSN
+	default:
+		k := w.firstPSN.Distance(c.psn)
+		if k < 0 {
+			k = 0
+		}
+		r.offset = uint64(k) * mtu
+		if r.offset > w.length {
+			r.offset = w.length
+		}
+		r.psn = w.firstPSN.Add(uint32(k))
+	}
+}
+
+// armTimer (re)starts the retransmit or RNR timer. Caller holds sq.
+func (qp *QP) armTimer(d time.Duration) {
+	if d == 0 {
+		return
+	}
+	qp.comp.timerArmed = true
+	qp.comp.deadline = time.Now().Add(d)
+	qp.timer.Reset(d)
+}
+
+func (qp *QP) stopTimer() {
+	qp.timer.Stop()
+}
+
+// onTimer runs when the retransmit or RNR timer fires (rxe's retransmit
+// timer and rnr_nak_timer): after an RNR wait it retries; after a local ACK
+// timeout without progress it retries go-back-N, or completes the oldest
+// WQE with RETRY_EXC_ERR when retry_cnt is spent (7 retries forever).
+func (qp *QP) onTimer() {
+	qp.sq.Lock()
+	c := &qp.comp
+	st := qp.State()
+	if st != QPStateRTS && st != QPStateSQD {
+		c.timerArmed = false
+		qp.sq.Unlock()
+		return
+	}
+	if c.rnrWait {
+		c.rnrWait = false
+		c.timerArmed = false
+		qp.rewind()
+		qp.sq.Unlock()
+		qp.dev.kick(qp)
+		return
+	}
+	if c.idx >= qp.req.idx && c.psn == qp.req.psn {
+		c.timerArmed = false // nothing outstanding
+		qp.sq.Unlock()
+		return
+	}
+	if left := time.Until(c.deadline); left > 0 {
+		qp.timer.Reset(left)
+		qp.sq.Unlock()
+		return
+	}
+	if c.retryCnt == 0 {
+		c.timerArmed = false
+		if c.idx < qp.sq.head {
+			qp.complete(&qp.sq.wqe[c.idx%uint64(len(qp.sq.wqe))], WCRetryExcErr, true)
+			qp.dev.counters.RetryExceededErr.Add(1)
+		}
+		qp.sq.Unlock()
+		qp.enterError()
+		return
+	}
+	if c.retryCnt != 7 {
+		c.retryCnt--
+	}
+	qp.dev.counters.RetransmitTimeouts.Add(1)
+	qp.dev.counters.CompleterRetryErr.Add(1)
+	qp.rewind()
+	c.timerArmed = false
+	qp.armTimer(qp.timeoutDuration())
+	qp.sq.Unlock()
+	qp.dev.kick(qp)
+}

@@ -1,0 +1,430 @@
+package transport
+
+import (
+	"github.com/softrdma/softrdma/placement"
+	"github.com/softrdma/softrdma/stag"
+	"github.com/softrdma/softrdma/transport/wire"
+)
+
+// respond runs the responder on one request packet (rxe_responder's
+// GET_REQ -> CHK_PSN -> CHK_OP_SEQ -> CHK_OP_VALID -> CHK_RESOURCE ->
+// CHK_LENGTH -> CHK_RKEY -> EXECUTE -> ACKNOWLEDGE). Called only by the
+// receive loop, which owns qp.resp.
+func (qp *QP) respond(p *wire.Packet, path *path, b *txBatch) {
+	r := &qp.resp
+	ctr := &qp.dev.counters
+	psn := p.PSN()
+	switch d := r.ePSN.Distance(psn); {
+	case d > 0:
+		// A gap: NAK PSN sequence error once per gap (IBTA 9.7.5.2.1,
+		// C9-98), then drop until the expected PSN arrives.
+		ctr.OutOfSeqRequest.Add(1)
+		ctr.drop(DropPSNOutOfWindow)
+		if !r.nakSent {
+			r.nakSent = true
+			qp.sendAck(b, path, wire.SyndromeNAKPSNSeqErr, r.ePSN)
+		}
+		return
+	case d < 0:
+		ctr.DuplicateRequest.Add(1)
+		qp.duplicate(p, path, b)
+		return
+	}
+	op := p.Opcode()
+	info := p.Info
+
+	// CHK_OP_SEQ (IBTA 9.7.4.1.3): a MIDDLE or LAST must continue the
+	// message in progress; a FIRST or ONLY must not interrupt one.
+	if r.inMsg {
+		cont := info.Mask&(wire.MaskMiddle|wire.MaskLast) != 0 && info.Mask&wire.MaskFirst == 0
+		same := info.Mask&wire.MaskSend != 0 && wire.Info(r.lastOp).Mask&wire.MaskSend != 0 ||
+			info.Mask&wire.MaskWrite != 0 && wire.Info(r.lastOp).Mask&wire.MaskWrite != 0
+		if !cont || !same {
+			qp.respError(b, path, DropOpSeq, wire.SyndromeNAKInvalidRequest, WCRemInvReqErr)
+			return
+		}
+	} else if info.Mask&wire.MaskFirst == 0 {
+		qp.respError(b, path, DropOpSeq, wire.SyndromeNAKInvalidRequest, WCRemInvReqErr)
+		return
+	}
+
+	// CHK_OP_VALID: the QP must allow the operation (rxe check_op_valid:
+	// invalid request when the access flag is missing).
+	switch {
+	case info.Mask&wire.MaskWrite != 0 && path.access&stag.AccessRemoteWrite == 0,
+		info.Mask&wire.MaskRead != 0 && path.access&stag.AccessRemoteRead == 0,
+		info.Mask&wire.MaskAtomic != 0 && path.access&stag.AccessRemoteAtomic == 0:
+		qp.respError(b, path, DropAccess, wire.SyndromeNAKInvalidRequest, WCRemInvReqErr)
+		return
+	}
+
+	// CHK_RESOURCE: a receive WQE for a SEND's first packet or a WRITE with
+	// immediate's last; without one, RNR NAK (IBTA 9.7.5.2.8).
+	if info.Mask&wire.MaskRWR != 0 && !r.haveRecv {
+		if !qp.popRecv(&r.recv) {
+			ctr.SendRNRErr.Add(1)
+			ctr.drop(DropRNR)
+			r.nakSent = true // the packets behind this one get no sequence NAK
+			qp.sendAck(b, path, wire.RNRNAK(path.minRNRTimer), psn)
+			return
+		}
+		r.haveRecv = true
+		r.recvOff = 0
+	}
+
+	// CHK_LENGTH: FIRST and MIDDLE carry exactly one path MTU (C9-88).
+	n := len(p.Payload)
+	if info.Mask&(wire.MaskFirst|wire.MaskMiddle) != 0 && info.Mask&wire.MaskLast == 0 && n != path.mtu {
+		qp.respError(b, path, DropLength, wire.SyndromeNAKInvalidRequest, WCRemInvReqErr)
+		return
+	}
+
+	switch {
+	case info.Mask&wire.MaskSend != 0:
+		if !qp.execSend(p, path, b) {
+			return
+		}
+	case info.Mask&wire.MaskWrite != 0:
+		if !qp.execWrite(p, path, b) {
+			return
+		}
+	case info.Mask&wire.MaskRead != 0:
+		qp.execRead(p, path, b)
+		return
+	case info.Mask&wire.MaskAtomic != 0:
+		qp.execAtomic(p, path, b)
+		return
+	}
+
+	r.nakSent = false
+	r.ePSN = r.ePSN.Add(1)
+	r.lastOp = op
+	r.inMsg = info.Mask&wire.MaskLast == 0
+	if !r.inMsg {
+		r.msn = r.msn.Add(1)
+	}
+	if p.BTH().AckReq() {
+		if r.ackPend {
+			ctr.AckDeferred.Add(1)
+		}
+		r.ackPend = true
+		r.ackPSN = psn
+		if !r.inAckList {
+			r.inAckList = true
+			qp.dev.ackList = append(qp.dev.ackList, qp)
+		}
+	}
+}
+
+// execSend places a SEND packet into the receive WQE (scatter over its
+// SGEs) and completes it on the last packet.
+func (qp *QP) execSend(p *wire.Packet, path *path, b *txBatch) bool {
+	r := &qp.resp
+	n := uint64(len(p.Payload))
+	if r.recvOff+n > r.recv.length {
+		// The receive buffer is too small: LOC_LEN_ERR on the receive and
+		// NAK invalid request to the requester (IBTA 9.7.5.2.2, rxe).
+		qp.finishRecv(WCLocLenErr, r.recvOff, p, path)
+		qp.respError(b, path, DropLength, wire.SyndromeNAKInvalidRequest, WCRemInvReqErr)
+		return false
+	}
+	if n > 0 {
+		if st := qp.dev.place.Scatter(qp.pd, r.recv.sgl[:r.recv.nsge], r.recvOff, p.Payload); st != placement.OK {
+			qp.finishRecv(WCLocProtErr, r.recvOff, p, path)
+			qp.respError(b, path, DropAccess, wire.SyndromeNAKRemoteOp, WCRemOpErr)
+			return false
+		}
+	}
+	r.recvOff += n
+	if p.Info.Mask&wire.MaskLast != 0 {
+		qp.finishRecv(WCSuccess, r.recvOff, p, path)
+	}
+	return true
+}
+
+// finishRecv completes the receive WQE the responder holds.
+func (qp *QP) finishRecv(st WCStatus, n uint64, p *wire.Packet, path *path) {
+	r := &qp.resp
+	if !r.haveRecv {
+		return
+	}
+	r.haveRecv = false
+	wc := WC{WRID: r.recv.wrid, Status: st, Opcode: WCRecv, ByteLen: uint32(n),
+		QPN: qpnOf(qp.qpn), SrcQP: qpnOf(path.destQPN)}
+	if st == WCSuccess {
+		info := p.Info
+		if info.Mask&wire.MaskImmDt != 0 {
+			wc.Flags |= WCWithImm
+			wc.ImmData = p.ImmDt().Imm()
+		}
+		if info.Mask&wire.MaskIETH != 0 {
+			wc.Flags |= WCWithInv
+			wc.InvRKey = p.IETH().RKey()
+		}
+		if info.Mask&wire.MaskWrite != 0 {
+			wc.Opcode = WCRecvRDMAWithImm
+		}
+	}
+	qp.pushWC(qp.recvCQ, &wc)
+}
+
+// execWrite places an RDMA WRITE packet: the RETH of a FIRST or ONLY is
+// checked once for the whole message (rxe check_rkey) and the cursor
+// carries it across MIDDLE and LAST.
+func (qp *QP) execWrite(p *wire.Packet, path *path, b *txBatch) bool {
+	r := &qp.resp
+	e := qp.dev.place
+	info := p.Info
+	n := uint64(len(p.Payload))
+	if info.Mask&wire.MaskFirst != 0 {
+		reth := p.RETH()
+		r.wlen = uint64(reth.DMALength())
+		r.wdone = 0
+		if r.wlen > 0 {
+			if st := e.Begin(&r.cur, qp.pd, reth.RKey(), reth.VA(), r.wlen, stag.AccessRemoteWrite); st != placement.OK {
+				qp.respError(b, path, DropAccess, syndromeFor(st), statusFor(st))
+				return false
+			}
+		}
+	}
+	last := info.Mask&wire.MaskLast != 0
+	if r.wdone+n > r.wlen || (last && r.wdone+n != r.wlen) {
+		e.End(&r.cur)
+		qp.respError(b, path, DropLength, wire.SyndromeNAKInvalidRequest, WCRemInvReqErr)
+		return false
+	}
+	if n > 0 {
+		if st := e.Write(&r.cur, p.Payload); st != placement.OK {
+			e.End(&r.cur)
+			qp.respError(b, path, DropAccess, syndromeFor(st), statusFor(st))
+			return false
+		}
+	}
+	r.wdone += n
+	if last {
+		if r.wlen > 0 {
+			e.End(&r.cur)
+		}
+		qp.dev.counters.RDMARecvs.Add(1)
+		if info.Mask&wire.MaskImmDt != 0 {
+			qp.finishRecv(WCSuccess, r.wlen, p, path)
+		}
+	}
+	return true
+}
+
+// execRead executes an RDMA READ request: it saves a responder resource
+// (so a duplicate is answered again, IBTA 9.7.5.1.4) and sends the
+// responses.
+func (qp *QP) execRead(p *wire.Packet, path *path, b *txBatch) {
+	r := &qp.resp
+	reth := p.RETH()
+	length := uint64(reth.DMALength())
+	psn := p.PSN()
+	if length > 0 {
+		if st := qp.dev.place.Begin(&r.cur, qp.pd, reth.RKey(), reth.VA(), length, stag.AccessRemoteRead); st != placement.OK {
+			qp.respError(b, path, DropAccess, syndromeFor(st), statusFor(st))
+			return
+		}
+		qp.dev.place.End(&r.cur)
+	}
+	npkts := packetsFor(length, path.mtu)
+	res := &r.res[r.resNext]
+	r.resNext = (r.resNext + 1) % len(r.res)
+	*res = rdRes{valid: true, firstPSN: psn, lastPSN: psn.Add(npkts - 1), va: reth.VA(), rkey: reth.RKey(), length: length}
+	r.nakSent = false
+	r.ePSN = psn.Add(npkts)
+	r.lastOp = p.Opcode()
+	r.inMsg = false
+	r.msn = r.msn.Add(1)
+	res.msn = r.msn
+	qp.dev.counters.RDMARecvs.Add(1)
+	qp.sendReadResponses(b, path, psn, reth.VA(), reth.RKey(), length)
+}
+
+// sendReadResponses sends the READ response packets for [va, va+length)
+// starting at psn. A failure to read (the MR vanished) ends the stream with
+// a remote access error NAK.
+func (qp *QP) sendReadResponses(b *txBatch, path *path, psn wire.PSN, va uint64, rkey uint32, length uint64) {
+	r := &qp.resp
+	e := qp.dev.place
+	if length > 0 {
+		if st := e.Begin(&r.cur, qp.pd, rkey, va, length, stag.AccessRemoteRead); st != placement.OK {
+			qp.sendAck(b, path, syndromeFor(st), psn)
+			return
+		}
+		defer e.End(&r.cur)
+	}
+	mtu := uint64(path.mtu)
+	npkts := packetsFor(length, path.mtu)
+	var off uint64
+	for i := uint32(0); i < npkts; i++ {
+		n := length - off
+		if n > mtu {
+			n = mtu
+		}
+		var op wire.Opcode
+		switch {
+		case npkts == 1:
+			op = wire.OpRDMAReadResponseOnly
+		case i == 0:
+			op = wire.OpRDMAReadResponseFirst
+		case i == npkts-1:
+			op = wire.OpRDMAReadResponseLast
+		default:
+			op = wire.OpRDMAReadResponseMiddle
+		}
+		buf, info := buildPacket(b, path, op, psn.Add(i), false, int(n))
+		if info.Mask&wire.MaskAETH != 0 {
+			wire.AETH(buf[info.Offset[wire.HdrAETH]:]).Encode(wire.SyndromeACK, r.msn)
+		}
+		if n > 0 {
+			if st := e.Read(&r.cur, buf[info.Length:info.Length+int(n)]); st != placement.OK {
+				b.n-- // drop the half-built packet
+				qp.sendAck(b, path, syndromeFor(st), psn.Add(i))
+				return
+			}
+		}
+		off += n
+	}
+}
+
+// execAtomic executes CMP_SWAP or FETCH_ADD once and saves the original
+// value so that a duplicate gets the same answer without a second
+// execution (IBTA 9.7.5.1.4, o9-31).
+func (qp *QP) execAtomic(p *wire.Packet, path *path, b *txBatch) {
+	r := &qp.resp
+	a := p.AtomicETH()
+	if a.VA()&7 != 0 {
+		// Misaligned atomic: NAK invalid request (IBTA C9-?; rxe
+		// RESPST_ERR_MISALIGNED_ATOMIC).
+		qp.respError(b, path, DropAccess, wire.SyndromeNAKInvalidRequest, WCRemInvReqErr)
+		return
+	}
+	op := placement.FetchAdd
+	if p.Opcode() == wire.OpCompareSwap {
+		op = placement.CmpSwap
+	}
+	orig, st := qp.dev.place.Atomic(qp.pd, a.RKey(), a.VA(), op, a.SwapAdd(), a.Compare())
+	if st != placement.OK {
+		qp.respError(b, path, DropAccess, syndromeFor(st), statusFor(st))
+		return
+	}
+	psn := p.PSN()
+	res := &r.res[r.resNext]
+	r.resNext = (r.resNext + 1) % len(r.res)
+	r.nakSent = false
+	r.ePSN = psn.Add(1)
+	r.lastOp = p.Opcode()
+	r.inMsg = false
+	r.msn = r.msn.Add(1)
+	*res = rdRes{valid: true, atomic: true, firstPSN: psn, lastPSN: psn, orig: orig, msn: r.msn}
+	qp.sendAtomicAck(b, path, psn, orig, r.msn)
+}
+
+func (qp *QP) sendAtomicAck(b *txBatch, path *path, psn wire.PSN, orig uint64, msn wire.MSN) {
+	buf, info := buildPacket(b, path, wire.OpAtomicAcknowledge, psn, false, 0)
+	wire.AETH(buf[info.Offset[wire.HdrAETH]:]).Encode(wire.SyndromeACK, msn)
+	wire.AtomicAckETH(buf[info.Offset[wire.HdrAtomicAckETH]:]).SetOrigRemoteData(orig)
+}
+
+// duplicate answers a request whose PSN is before the expected one (IBTA
+// 9.7.5.1.4): SEND and WRITE are acknowledged again (not executed), READ
+// is answered again from its saved resource, an atomic from its saved
+// result.
+func (qp *QP) duplicate(p *wire.Packet, path *path, b *txBatch) {
+	r := &qp.resp
+	psn := p.PSN()
+	info := p.Info
+	switch {
+	case info.Mask&wire.MaskRead != 0:
+		for i := range r.res {
+			res := &r.res[i]
+			if !res.valid || res.atomic || psn.Before(res.firstPSN) || res.lastPSN.Before(psn) {
+				continue
+			}
+			reth := p.RETH()
+			k := uint64(res.firstPSN.Distance(psn)) * uint64(path.mtu)
+			length := uint64(reth.DMALength())
+			// The re-request must name the rest of the saved READ.
+			if reth.RKey() != res.rkey || reth.VA() != res.va+k || k+length != res.length {
+				break
+			}
+			qp.sendReadResponses(b, path, psn, reth.VA(), reth.RKey(), length)
+			return
+		}
+		qp.dev.counters.drop(DropStaleDuplicate)
+	case info.Mask&wire.MaskAtomic != 0:
+		for i := range r.res {
+			res := &r.res[i]
+			if res.valid && res.atomic && res.firstPSN == psn {
+				qp.sendAtomicAck(b, path, psn, res.orig, res.msn)
+				return
+			}
+		}
+		qp.dev.counters.drop(DropStaleDuplicate)
+	default:
+		// Acknowledge everything received so far (coalesced).
+		if r.ackPend {
+			qp.dev.counters.AckDeferred.Add(1)
+		}
+		r.ackPend = true
+		r.ackPSN = r.ePSN.Sub(1)
+		if !r.inAckList {
+			r.inAckList = true
+			qp.dev.ackList = append(qp.dev.ackList, qp)
+		}
+	}
+}
+
+// respError NAKs the current request and moves the QP to ERR: the class
+// B/C responder errors of IBTA 9.9.3 (rxe do_class_ac_error). Invalid
+// request, remote access and remote operational errors are all fatal to
+// the responder's QP.
+func (qp *QP) respError(b *txBatch, path *path, why DropReason, syn wire.Syndrome, _ WCStatus) {
+	r := &qp.resp
+	qp.dev.counters.drop(why)
+	qp.sendAck(b, path, syn, r.ePSN)
+	if r.haveRecv {
+		wc := WC{WRID: r.recv.wrid, Status: WCRemInvReqErr, Opcode: WCRecv, QPN: qpnOf(qp.qpn), SrcQP: qpnOf(path.destQPN)}
+		if syn == wire.SyndromeNAKRemoteAccess {
+			wc.Status = WCRemAccessErr
+		}
+		r.haveRecv = false
+		qp.pushWC(qp.recvCQ, &wc)
+	}
+	qp.enterError()
+}
+
+// sendAck sends an ACKNOWLEDGE with syndrome syn for psn, carrying the
+// current MSN.
+func (qp *QP) sendAck(b *txBatch, path *path, syn wire.Syndrome, psn wire.PSN) {
+	buf, info := buildPacket(b, path, wire.OpAcknowledge, psn, false, 0)
+	wire.AETH(buf[info.Offset[wire.HdrAETH]:]).Encode(syn, qp.resp.msn)
+	if syn.Type() != wire.TypeACK {
+		qp.dev.counters.NAKsSent.Add(1)
+	}
+}
+
+// syndromeFor maps a placement failure to the NAK IBTA names for it:
+// bad key, PD, access or bounds is a remote access error (9.7.5.2.4); a
+// length beyond the request is an invalid request (9.7.5.2.2).
+func syndromeFor(st placement.Status) wire.Syndrome {
+	switch st {
+	case placement.InvalidRequest:
+		return wire.SyndromeNAKInvalidRequest
+	case placement.RemoteOpErr:
+		return wire.SyndromeNAKRemoteOp
+	}
+	return wire.SyndromeNAKRemoteAccess
+}
+
+func statusFor(st placement.Status) WCStatus {
+	switch st {
+	case placement.InvalidRequest:
+		return WCRemInvReqErr
+	case placement.RemoteOpErr:
+		return WCRemOpErr
+	}
+	return WCRemAccessErr
+}
