@@ -19,7 +19,6 @@ import (
 	"sync/atomic"
 
 	"github.com/softrdma/softrdma/placement"
-	"github.com/softrdma/softrdma/stag"
 	"github.com/softrdma/softrdma/transport"
 	"github.com/softrdma/softrdma/transport/conn"
 	"github.com/softrdma/softrdma/transport/wire"
@@ -60,7 +59,16 @@ type Device struct {
 // address cannot be bound, or cfg is invalid.
 func Open(cfg Config) (*Device, error) {
 	c := cfg.Conn
-	if c == nil {
+	if c != nil {
+		if cfg.Impair != nil {
+			if err := c.SetImpairment(cfg.Impair); err != nil {
+				return nil, fmt.Errorf("softrdma: open: %w", err)
+			}
+		}
+		if cfg.Tap != nil {
+			c.SetTap(cfg.Tap)
+		}
+	} else {
 		addr := cfg.Addr
 		if !addr.IsValid() {
 			addr = netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), wire.RoCEv2Port)

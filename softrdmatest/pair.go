@@ -66,10 +66,9 @@ func NewPair(tb testing.TB, o Options) *Pair {
 			}
 		}
 	}
-	var ca, cb conn.Conn
 	var cfgA, cfgB softrdma.Config
 	if o.Pipe {
-		ca, cb = conn.NewPipe()
+		ca, cb := conn.NewPipe()
 		cfgA.Conn, cfgB.Conn = ca, cb
 	} else {
 		cfgA.Addr = netip.MustParseAddrPort("127.0.0.1:0")
@@ -82,10 +81,6 @@ func NewPair(tb testing.TB, o Options) *Pair {
 		if tap != nil {
 			c.Tap = tap
 		}
-	}
-	if o.Pipe && tap != nil {
-		conn.SetTap(ca, tap)
-		conn.SetTap(cb, tap)
 	}
 	p.A = newSide(tb, cfgA, o)
 	p.B = newSide(tb, cfgB, o)

@@ -90,6 +90,30 @@ func NewDevice(cfg Config) (*Device, error) {
 // Counters returns the device's counters.
 func (d *Device) Counters() *Counters { return &d.counters }
 
+// Snapshot returns every counter by name: the rxe hw_counters, the drops
+// by reason (drop_bad_icrc and drop_short come from the socket layer, which
+// checks them before the engine sees a packet) and the impairment counts.
+func (d *Device) Snapshot() []Counter {
+	out := d.counters.Snapshot()
+	cs := d.conn.Stats().Snapshot()
+	for i := range out {
+		switch out[i].Name {
+		case "drop_bad_icrc":
+			out[i].Value = cs.BadICRC
+		}
+	}
+	return append(out,
+		Counter{"drop_short", cs.Short},
+		Counter{"drop_recv_queue_full", cs.RecvQueueFull},
+		Counter{"impair_tx_dropped", cs.TxImpair.Dropped},
+		Counter{"impair_rx_dropped", cs.RxImpair.Dropped},
+		Counter{"impair_reordered", cs.TxImpair.Reordered + cs.RxImpair.Reordered},
+		Counter{"impair_duplicated", cs.TxImpair.Duplicated + cs.RxImpair.Duplicated},
+		Counter{"impair_corrupted", cs.TxImpair.Corrupted + cs.RxImpair.Corrupted},
+		Counter{"impair_delayed", cs.TxImpair.Delayed + cs.RxImpair.Delayed},
+	)
+}
+
 // Conn returns the device's network endpoint.
 func (d *Device) Conn() conn.Conn { return d.conn }
 
@@ -321,7 +345,7 @@ func (d *Device) flushAcks() {
 		qp.resp.inAckList = false
 		if qp.resp.ackPend {
 			qp.resp.ackPend = false
-			qp.sendAck(&d.rxTx, wire.SyndromeACK, qp.resp.ackPSN)
+			qp.sendAck(&d.rxTx, qp.path.Load(), wire.SyndromeACK, qp.resp.ackPSN)
 		}
 	}
 	clear(d.ackList)

@@ -1,0 +1,267 @@
+package transport
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/softrdma/softrdma/placement"
+	"github.com/softrdma/softrdma/stag"
+	"github.com/softrdma/softrdma/transport/conn"
+	"github.com/softrdma/softrdma/transport/wire"
+)
+
+// responderRig is a device whose QP is connected to a bare pipe end that
+// the test drives by hand: packets are handed to the demux directly (the
+// receive loop stays idle because nothing is sent to the device's conn)
+// and the device's answers are read from the peer end.
+type responderRig struct {
+	t      testing.TB
+	d      *Device
+	qp     *QP
+	peer   *conn.PipeConn
+	from   netip.AddrPort
+	place  *placement.Engine
+	mem    []byte // guard | MR | guard
+	mr     *placement.MR
+	cq     *CQ
+	pkt    wire.Packet
+	ePSN   wire.PSN
+	peerQP wire.QPN
+}
+
+const (
+	rigGuard = 4096
+	rigMR    = 8192
+	rigMTU   = 1024
+)
+
+func newResponderRig(t testing.TB) *responderRig {
+	a, b := conn.NewPipe()
+	e := placement.New(placement.Config{})
+	d, err := NewDevice(Config{Conn: b, Placement: e})
+	require.NoError(t, err)
+	t.Cleanup(func() { d.Close(); a.Close() })
+	r := &responderRig{t: t, d: d, peer: a, from: a.LocalAddr(), place: e, peerQP: 0x99, ePSN: 1000}
+	r.cq = NewCQ(1 << 12)
+	r.qp, err = d.CreateQP(1, &QPInitAttr{SendCQ: r.cq, RecvCQ: r.cq, Type: QPTypeRC,
+		Cap: Cap{MaxSendWR: 16, MaxRecvWR: 64, MaxSendSGE: 2, MaxRecvSGE: 2}})
+	require.NoError(t, err)
+	r.mem = make([]byte, rigGuard+rigMR+rigGuard)
+	for i := range r.mem {
+		r.mem[i] = 0xA5
+	}
+	r.mr, err = e.RegMR(1, r.mem[rigGuard:rigGuard+rigMR], stag.AccessLocalWrite|stag.AccessRemoteWrite|stag.AccessRemoteRead|stag.AccessRemoteAtomic)
+	require.NoError(t, err)
+	t.Cleanup(func() { e.DeregMR(r.mr) })
+	r.connect()
+	return r
+}
+
+func (r *responderRig) connect() {
+	qp := r.qp
+	require.NoError(r.t, qp.Modify(&QPAttr{State: QPStateReset}, QPAttrState))
+	require.NoError(r.t, qp.Modify(&QPAttr{State: QPStateInit, Port: 1,
+		AccessFlags: stag.AccessRemoteWrite | stag.AccessRemoteRead | stag.AccessRemoteAtomic},
+		QPAttrState|QPAttrPKeyIndex|QPAttrPort|QPAttrAccessFlags))
+	require.NoError(r.t, qp.Modify(&QPAttr{State: QPStateRTR, Dest: r.from, PathMTU: MTU1024, DestQPN: r.peerQP,
+		RQPSN: 1000, MaxDestRdAtomic: 4, MinRNRTimer: 1},
+		QPAttrState|QPAttrAV|QPAttrPathMTU|QPAttrDestQPN|QPAttrRQPSN|QPAttrMaxDestRdAtomic|QPAttrMinRNRTimer))
+	require.NoError(r.t, qp.Modify(&QPAttr{State: QPStateRTS, SQPSN: 5000, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 4},
+		QPAttrState|QPAttrSQPSN|QPAttrTimeout|QPAttrRetryCnt|QPAttrRNRRetry|QPAttrMaxQPRdAtomic))
+	r.ePSN = 1000
+}
+
+// build returns a request packet (ICRC space included) for the QP.
+func (r *responderRig) build(op wire.Opcode, psn wire.PSN, payload []byte, ackReq bool, f func(p []byte, info *wire.OpInfo)) []byte {
+	info := wire.Info(op)
+	pad := wire.PadFor(len(payload))
+	b := make([]byte, info.Length+len(payload)+pad+wire.ICRCSize)
+	wire.BTH(b).Encode(&wire.BTHFields{Opcode: op, PadCount: pad, PKey: 0xffff, DestQP: r.qp.QPN(), AckReq: ackReq, PSN: psn})
+	copy(b[info.Length:], payload)
+	if f != nil {
+		f(b, info)
+	}
+	return b
+}
+
+func (r *responderRig) reth(va uint64, rkey, n uint32) func([]byte, *wire.OpInfo) {
+	return func(b []byte, info *wire.OpInfo) {
+		wire.RETH(b[info.Offset[wire.HdrRETH]:]).Encode(&wire.RETHFields{VA: va, RKey: rkey, DMALength: n})
+	}
+}
+
+// deliver runs the demux on b as if it had arrived from the peer, then
+// sends what the device owes.
+func (r *responderRig) deliver(b []byte) {
+	r.d.handle(&conn.Packet{Buf: b, Addr: r.from}, &r.pkt)
+	r.d.flushAcks()
+	r.d.rxTx.flush()
+}
+
+// answer reads one packet the device sent to the peer.
+func (r *responderRig) answer() (wire.Opcode, wire.Syndrome, wire.PSN) {
+	pkts := make([]conn.Packet, 1)
+	n, err := r.peer.Receive(pkts)
+	require.NoError(r.t, err)
+	require.Equal(r.t, 1, n)
+	var p wire.Packet
+	require.NoError(r.t, wire.Parse(pkts[0].Buf, &p))
+	var syn wire.Syndrome
+	if p.Info.Mask&wire.MaskAETH != 0 {
+		syn = p.AETH().Syndrome()
+	}
+	return p.Opcode(), syn, p.PSN()
+}
+
+func (r *responderRig) drops(why DropReason) uint64 { return r.d.counters.Drops[why].Load() }
+
+// guardsIntact reports whether nothing was written outside the MR.
+func (r *responderRig) guardsIntact() bool {
+	for _, c := range r.mem[:rigGuard] {
+		if c != 0xA5 {
+			return false
+		}
+	}
+	for _, c := range r.mem[rigGuard+rigMR:] {
+		if c != 0xA5 {
+			return false
+		}
+	}
+	return true
+}
+
+func TestResponderWriteInOrderAcksAndPlaces(t *testing.T) {
+	r := newResponderRig(t)
+	data := make([]byte, 100)
+	for i := range data {
+		data[i] = byte(i)
+	}
+	r.deliver(r.build(wire.OpRDMAWriteOnly, 1000, data, true, r.reth(r.mr.Addr()+10, r.mr.RKey(), 100)))
+	op, syn, psn := r.answer()
+	require.Equal(t, wire.OpAcknowledge, op)
+	require.Equal(t, wire.SyndromeACK, syn)
+	require.Equal(t, wire.PSN(1000), psn)
+	require.Equal(t, data, r.mem[rigGuard+10:rigGuard+110])
+	require.True(t, r.guardsIntact())
+}
+
+// TestResponderBadInput sends one malformed or illegal request per row and
+// checks the drop reason, the NAK the IBTA names (if any) and that nothing
+// was written outside the MR.
+func TestResponderBadInput(t *testing.T) {
+	mtu := make([]byte, rigMTU)
+	type row struct {
+		name    string
+		pkt     func(r *responderRig) []byte
+		drop    DropReason
+		nak     wire.Syndrome // 0: no answer expected
+		toError bool          // the responder QP moves to ERR
+	}
+	rows := []row{
+		// Decoding.
+		{"too short", func(r *responderRig) []byte { return []byte{0, 0, 0} }, DropMalformed, 0, false},
+		{"unknown opcode", func(r *responderRig) []byte { b := r.build(wire.OpSendOnly, 1000, nil, true, nil); b[0] = 0x1f; return b }, DropUnknownOpcode, 0, false},
+		{"wrong pad", func(r *responderRig) []byte { b := r.build(wire.OpSendOnly, 1000, nil, true, nil); b[1] |= 0x30; return b }, DropMalformed, 0, false},
+		{"RETH truncated", func(r *responderRig) []byte { return r.build(wire.OpRDMAWriteOnly, 1000, nil, true, nil)[:20] }, DropMalformed, 0, false},
+		// Addressing and state.
+		{"unknown QPN", func(r *responderRig) []byte {
+			b := r.build(wire.OpSendOnly, 1000, nil, true, nil)
+			wire.BTH(b).SetDestQP(0x7777)
+			return b
+		}, DropUnknownQPN, 0, false},
+		{"bad P_Key", func(r *responderRig) []byte { b := r.build(wire.OpSendOnly, 1000, nil, true, nil); b[2], b[3] = 0x12, 0x34; return b }, DropBadPKey, 0, false},
+		{"payload longer than the MTU", func(r *responderRig) []byte {
+			return r.build(wire.OpRDMAWriteOnly, 1000, make([]byte, rigMTU+4), true, r.reth(r.mr.Addr(), r.mr.RKey(), rigMTU+4))
+		}, DropTooLong, 0, false},
+		// Sequence.
+		{"PSN after the expected one", func(r *responderRig) []byte { return r.build(wire.OpSendOnly, 1005, nil, true, nil) },
+			DropPSNOutOfWindow, wire.SyndromeNAKPSNSeqErr, false},
+		{"MIDDLE without FIRST", func(r *responderRig) []byte { return r.build(wire.OpRDMAWriteMiddle, 1000, mtu, false, nil) },
+			DropOpSeq, wire.SyndromeNAKInvalidRequest, true},
+		// Lengths and keys.
+		{"FIRST shorter than the MTU", func(r *responderRig) []byte {
+			return r.build(wire.OpRDMAWriteFirst, 1000, mtu[:100], false, r.reth(r.mr.Addr(), r.mr.RKey(), 4096))
+		}, DropLength, wire.SyndromeNAKInvalidRequest, true},
+		{"RETH length not matching the payload", func(r *responderRig) []byte {
+			return r.build(wire.OpRDMAWriteOnly, 1000, mtu[:100], true, r.reth(r.mr.Addr(), r.mr.RKey(), 99))
+		}, DropLength, wire.SyndromeNAKInvalidRequest, true},
+		{"bad rkey", func(r *responderRig) []byte {
+			return r.build(wire.OpRDMAWriteOnly, 1000, mtu[:8], true, r.reth(r.mr.Addr(), r.mr.RKey()^0x01, 8))
+		}, DropAccess, wire.SyndromeNAKRemoteAccess, true},
+		{"write past the MR", func(r *responderRig) []byte {
+			return r.build(wire.OpRDMAWriteOnly, 1000, mtu[:64], true, r.reth(r.mr.Addr()+rigMR-32, r.mr.RKey(), 64))
+		}, DropAccess, wire.SyndromeNAKRemoteAccess, true},
+		{"write before the MR", func(r *responderRig) []byte {
+			return r.build(wire.OpRDMAWriteOnly, 1000, mtu[:64], true, r.reth(r.mr.Addr()-64, r.mr.RKey(), 64))
+		}, DropAccess, wire.SyndromeNAKRemoteAccess, true},
+		{"length wrapping the address space", func(r *responderRig) []byte {
+			return r.build(wire.OpRDMAReadRequest, 1000, nil, true, r.reth(^uint64(0)-10, r.mr.RKey(), 0xffffffff))
+		}, DropAccess, wire.SyndromeNAKRemoteAccess, true},
+		{"misaligned atomic", func(r *responderRig) []byte {
+			return r.build(wire.OpFetchAdd, 1000, nil, true, func(b []byte, info *wire.OpInfo) {
+				wire.AtomicETH(b[info.Offset[wire.HdrAtomicETH]:]).Encode(&wire.AtomicETHFields{VA: r.mr.Addr() + 4, RKey: r.mr.RKey(), SwapAdd: 1})
+			})
+		}, DropAccess, wire.SyndromeNAKInvalidRequest, true},
+	}
+	for _, c := range rows {
+		t.Run(c.name, func(t *testing.T) {
+			r := newResponderRig(t)
+			before := r.drops(c.drop)
+			r.deliver(c.pkt(r))
+			require.Equal(t, before+1, r.drops(c.drop), "drop counter %v", c.drop)
+			if c.nak != 0 {
+				op, syn, psn := r.answer()
+				require.Equal(t, wire.OpAcknowledge, op)
+				require.Equal(t, c.nak, syn, "NAK syndrome")
+				require.Equal(t, wire.PSN(1000), psn, "the NAK names the expected PSN")
+			}
+			if c.toError {
+				require.Equal(t, QPStateErr, r.qp.State())
+			} else {
+				require.Equal(t, QPStateRTS, r.qp.State())
+			}
+			require.True(t, r.guardsIntact(), "bytes written outside the MR")
+			require.Equal(t, byte(0xA5), r.mem[rigGuard], "a failed check places zero bytes")
+		})
+	}
+}
+
+func TestResponderNAKsPSNSequenceErrorOncePerGap(t *testing.T) {
+	r := newResponderRig(t)
+	for psn := wire.PSN(1001); psn < 1005; psn++ {
+		r.deliver(r.build(wire.OpSendOnly, psn, nil, true, nil))
+	}
+	op, syn, psn := r.answer()
+	require.Equal(t, wire.OpAcknowledge, op)
+	require.Equal(t, wire.SyndromeNAKPSNSeqErr, syn)
+	require.Equal(t, wire.PSN(1000), psn)
+	require.Equal(t, uint64(4), r.d.counters.OutOfSeqRequest.Load())
+	require.Equal(t, uint64(1), r.d.counters.NAKsSent.Load(), "one NAK per gap")
+}
+
+func TestResponderRNRNAKWithoutReceiveWQE(t *testing.T) {
+	r := newResponderRig(t)
+	r.deliver(r.build(wire.OpSendOnly, 1000, []byte("hi"), true, nil))
+	op, syn, psn := r.answer()
+	require.Equal(t, wire.OpAcknowledge, op)
+	require.Equal(t, wire.RNRNAK(1), syn, "RNR NAK carries min_rnr_timer")
+	require.Equal(t, wire.PSN(1000), psn)
+	require.Equal(t, uint64(1), r.d.counters.SendRNRErr.Load())
+}
+
+func TestResponderDuplicateWriteIsAcknowledgedNotExecuted(t *testing.T) {
+	r := newResponderRig(t)
+	p := r.build(wire.OpRDMAWriteOnly, 1000, []byte{1, 2, 3, 4}, true, r.reth(r.mr.Addr(), r.mr.RKey(), 4))
+	r.deliver(p)
+	r.answer()
+	r.mem[rigGuard] = 9 // the application changes the byte; a re-execution would overwrite it
+	r.deliver(p)
+	op, syn, psn := r.answer()
+	require.Equal(t, wire.OpAcknowledge, op)
+	require.Equal(t, wire.SyndromeACK, syn)
+	require.Equal(t, wire.PSN(1000), psn)
+	require.Equal(t, byte(9), r.mem[rigGuard])
+	require.Equal(t, uint64(1), r.d.counters.DuplicateRequest.Load())
+}
