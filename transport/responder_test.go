@@ -55,20 +55,20 @@ func newResponderRig(t testing.TB) *responderRig {
 	r.mr, err = e.RegMR(1, r.mem[rigGuard:rigGuard+rigMR], stag.AccessLocalWrite|stag.AccessRemoteWrite|stag.AccessRemoteRead|stag.AccessRemoteAtomic)
 	require.NoError(t, err)
 	t.Cleanup(func() { e.DeregMR(r.mr) })
-	r.connect()
+	r.connect(t)
 	return r
 }
 
-func (r *responderRig) connect() {
+func (r *responderRig) connect(t testing.TB) {
 	qp := r.qp
-	require.NoError(r.t, qp.Modify(&QPAttr{State: QPStateReset}, QPAttrState))
-	require.NoError(r.t, qp.Modify(&QPAttr{State: QPStateInit, Port: 1,
+	require.NoError(t, qp.Modify(&QPAttr{State: QPStateReset}, QPAttrState))
+	require.NoError(t, qp.Modify(&QPAttr{State: QPStateInit, Port: 1,
 		AccessFlags: stag.AccessRemoteWrite | stag.AccessRemoteRead | stag.AccessRemoteAtomic},
 		QPAttrState|QPAttrPKeyIndex|QPAttrPort|QPAttrAccessFlags))
-	require.NoError(r.t, qp.Modify(&QPAttr{State: QPStateRTR, Dest: r.from, PathMTU: MTU1024, DestQPN: r.peerQP,
+	require.NoError(t, qp.Modify(&QPAttr{State: QPStateRTR, Dest: r.from, PathMTU: MTU1024, DestQPN: r.peerQP,
 		RQPSN: 1000, MaxDestRdAtomic: 4, MinRNRTimer: 1},
 		QPAttrState|QPAttrAV|QPAttrPathMTU|QPAttrDestQPN|QPAttrRQPSN|QPAttrMaxDestRdAtomic|QPAttrMinRNRTimer))
-	require.NoError(r.t, qp.Modify(&QPAttr{State: QPStateRTS, SQPSN: 5000, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 4},
+	require.NoError(t, qp.Modify(&QPAttr{State: QPStateRTS, SQPSN: 5000, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 4},
 		QPAttrState|QPAttrSQPSN|QPAttrTimeout|QPAttrRetryCnt|QPAttrRNRRetry|QPAttrMaxQPRdAtomic))
 	r.ePSN = 1000
 }
@@ -162,8 +162,16 @@ func TestResponderBadInput(t *testing.T) {
 	rows := []row{
 		// Decoding.
 		{"too short", func(r *responderRig) []byte { return []byte{0, 0, 0} }, DropMalformed, 0, false},
-		{"unknown opcode", func(r *responderRig) []byte { b := r.build(wire.OpSendOnly, 1000, nil, true, nil); b[0] = 0x1f; return b }, DropUnknownOpcode, 0, false},
-		{"wrong pad", func(r *responderRig) []byte { b := r.build(wire.OpSendOnly, 1000, nil, true, nil); b[1] |= 0x30; return b }, DropMalformed, 0, false},
+		{"unknown opcode", func(r *responderRig) []byte {
+			b := r.build(wire.OpSendOnly, 1000, nil, true, nil)
+			b[0] = 0x1f
+			return b
+		}, DropUnknownOpcode, 0, false},
+		{"wrong pad", func(r *responderRig) []byte {
+			b := r.build(wire.OpSendOnly, 1000, nil, true, nil)
+			b[1] |= 0x30
+			return b
+		}, DropMalformed, 0, false},
 		{"RETH truncated", func(r *responderRig) []byte { return r.build(wire.OpRDMAWriteOnly, 1000, nil, true, nil)[:20] }, DropMalformed, 0, false},
 		// Addressing and state.
 		{"unknown QPN", func(r *responderRig) []byte {
@@ -171,7 +179,11 @@ func TestResponderBadInput(t *testing.T) {
 			wire.BTH(b).SetDestQP(0x7777)
 			return b
 		}, DropUnknownQPN, 0, false},
-		{"bad P_Key", func(r *responderRig) []byte { b := r.build(wire.OpSendOnly, 1000, nil, true, nil); b[2], b[3] = 0x12, 0x34; return b }, DropBadPKey, 0, false},
+		{"bad P_Key", func(r *responderRig) []byte {
+			b := r.build(wire.OpSendOnly, 1000, nil, true, nil)
+			b[2], b[3] = 0x12, 0x34
+			return b
+		}, DropBadPKey, 0, false},
 		{"payload longer than the MTU", func(r *responderRig) []byte {
 			return r.build(wire.OpRDMAWriteOnly, 1000, make([]byte, rigMTU+4), true, r.reth(r.mr.Addr(), r.mr.RKey(), rigMTU+4))
 		}, DropTooLong, 0, false},

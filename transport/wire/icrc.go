@@ -3,74 +3,290 @@ package wire
 import (
 	"encoding/binary"
 	"hash/crc32"
+	"math/bits"
 	"net/netip"
+	"sync/atomic"
 )
+
+// Invariant CRC, IBTA Vol. 1 7.8.1 and Annex A17.4 (RoCEv2):
+//
+// CRC-32 (the IEEE 802.3 polynomial, as zlib and hash/crc32 compute it) over
+//
+//	8 bytes 0xFF                     the LRH RoCEv2 does not have, masked
+//	IPv4 header                      TOS, TTL, header checksum = all ones
+//	  (or IPv6 header                traffic class, flow label, hop limit = all ones)
+//	UDP header                       checksum = all ones
+//	BTH                              byte 4 (FECN, BECN, Resv6) = all ones
+//	extension headers, payload, pad
+//
+// appended little-endian. The IPv4 Identification field and the flags (DF)
+// are covered, not masked: a receiver must know the sender's IPv4 ID. See
+// VerifyICRC and docs/wire.md for how an ID a UDP socket cannot see is
+// recovered from the CRC itself.
 
 // IPHeader holds the fields of the IP header that the ICRC covers and that
 // a UDP socket can know (IBTA Annex A17.4, "RoCEv2 ICRC"): the addresses,
 // and for IPv4 the Identification and the DF bit. IPv4 is used when Src is
-// an IPv4 or IPv4-mapped address.
+// an IPv4 or IPv4-mapped address. The IPv4 header is assumed to have no
+// options (IHL 5), as every RoCEv2 sender produces.
 type IPHeader struct {
 	Src, Dst netip.Addr
 	ID       uint16 // IPv4 Identification
 	DF       bool   // IPv4 don't-fragment flag
 }
 
-var ones8 = [8]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
+// crcPoly is the CRC-32 (IEEE 802.3) polynomial, bit-reflected.
+const crcPoly = 0xedb88320
+
+// idSuffix is the number of bytes of the ICRC input that follow the IPv4
+// Identification field, less the packet: the rest of the IPv4 header (14)
+// and the UDP header (8). The ICRC trailer itself is not covered, so for a
+// UDP payload of n bytes (ICRC included) n-ICRCSize+idSuffix bytes follow.
+const idSuffix = 14 + 8
+
+// idCacheLen bounds the per-length cache of the ID shift factors: UDP
+// payloads up to a 9000-byte jumbo frame are cached, longer ones are
+// computed on each call (still without allocating).
+const idCacheLen = 9216
+
+var (
+	// crcTab is the slicing-by-8 table set: crcTab[0][b] is the CRC register
+	// after one byte b from a zero register, crcTab[k] advances k more zero
+	// bytes. Built by init; used for the fixed-size masked header words and
+	// for short payloads, while hash/crc32 (CLMUL on amd64) does payloads
+	// of 64 bytes and more.
+	crcTab [8][256]uint32
+
+	// crcTopInv inverts the top byte of crcTab[0]: for CRC-32 the 256 top
+	// bytes are all different, so the byte that produced a register can be
+	// read off the register. This is what makes the ID solvable in O(1).
+	crcTopInv [256]uint8
+
+	// icrcSeed is the CRC register (before the final inversion) after the 8
+	// bytes of 0xFF that stand for the masked LRH: the constant prefix is
+	// hashed once.
+	icrcSeed uint32
+
+	// xPow8[j] is x^(8*2^j) mod P and xInvPow8[j] is x^(-8*2^j) mod P, in
+	// the reflected representation (bit 31 is x^0). Multiplying a register
+	// by x^(8k) is the effect of k zero bytes on it.
+	xPow8, xInvPow8 [17]uint32
+
+	// idShift caches, per UDP payload length, x^(8k) and x^(-8k) for the k
+	// bytes after the IPv4 ID field. Zero means not yet computed (neither
+	// value can be zero: x is invertible modulo P). Racing writers store
+	// the same value, so plain atomics suffice and no entry is ever locked.
+	idShift [idCacheLen]struct{ fwd, inv atomic.Uint32 }
+)
+
+func init() {
+	for i := range 256 {
+		c := uint32(i)
+		for range 8 {
+			c = c>>1 ^ crcPoly&-(c&1)
+		}
+		crcTab[0][i] = c
+	}
+	for i := range 256 {
+		c := crcTab[0][i]
+		for k := 1; k < 8; k++ {
+			c = c>>8 ^ crcTab[0][c&0xff]
+			crcTab[k][i] = c
+		}
+	}
+	var seen [256]bool
+	for i, c := range crcTab[0] {
+		t := c >> 24
+		if seen[t] {
+			panic("wire: CRC-32 table top bytes are not distinct")
+		}
+		seen[t] = true
+		crcTopInv[t] = uint8(i)
+	}
+	s := ^uint32(0)
+	for range 8 {
+		s = crcByte(s, 0xff)
+	}
+	icrcSeed = s
+
+	xPow8[0] = 1 << (31 - 8)              // x^8
+	xInvPow8[0] = crcUnshiftZero(1 << 31) // x^-8: undo one zero byte on "1"
+	for j := 1; j < len(xPow8); j++ {
+		xPow8[j] = gfMul(xPow8[j-1], xPow8[j-1])
+		xInvPow8[j] = gfMul(xInvPow8[j-1], xInvPow8[j-1])
+	}
+}
+
+// crcByte advances the register s (before the final inversion) over one byte.
+func crcByte(s uint32, b byte) uint32 { return s>>8 ^ crcTab[0][byte(s)^b] }
+
+// crcWord advances the register s over 8 bytes; v holds them in stream
+// order from its least significant byte (binary.LittleEndian.Uint64 of the
+// bytes).
+func crcWord(s uint32, v uint64) uint32 {
+	x := s ^ uint32(v)
+	h := uint32(v >> 32)
+	return crcTab[7][x&0xff] ^ crcTab[6][x>>8&0xff] ^ crcTab[5][x>>16&0xff] ^ crcTab[4][x>>24] ^
+		crcTab[3][h&0xff] ^ crcTab[2][h>>8&0xff] ^ crcTab[1][h>>16&0xff] ^ crcTab[0][h>>24]
+}
+
+// crcUpdate advances the register s over p with the slicing-by-8 tables.
+// hash/crc32 is faster from 64 bytes on (CLMUL); below that this loop,
+// which inlines the table walk, beats its per-call dispatch.
+func crcUpdate(s uint32, p []byte) uint32 {
+	for len(p) >= 8 {
+		s = crcWord(s, binary.LittleEndian.Uint64(p))
+		p = p[8:]
+	}
+	for _, b := range p {
+		s = crcByte(s, b)
+	}
+	return s
+}
+
+// crcFinish advances the register s over the rest of the packet and
+// returns the final CRC.
+func crcFinish(s uint32, p []byte) uint32 {
+	if len(p) < crcCLMULMin {
+		return ^crcUpdate(s, p)
+	}
+	return crc32.Update(^s, crc32.IEEETable, p)
+}
+
+// crcCLMULMin is the length from which hash/crc32 is used for the payload.
+const crcCLMULMin = 64
+
+// crcUnshiftZero undoes crcByte(s, 0): it returns the register that one zero
+// byte turns into s.
+func crcUnshiftZero(s uint32) uint32 {
+	b := crcTopInv[s>>24]
+	return (s^crcTab[0][b])<<8 | uint32(b)
+}
+
+// gfMul returns a*b modulo the CRC polynomial, both in the reflected
+// representation.
+func gfMul(a, b uint32) uint32 {
+	var p uint32
+	for i := 31; i >= 0; i-- {
+		p ^= b & -(a >> uint(i) & 1)
+		b = b>>1 ^ crcPoly&-(b&1)
+	}
+	return p
+}
+
+// xPowBytes returns x^(±8k) from the table of powers tab (xPow8 or xInvPow8).
+func xPowBytes(k int, tab *[17]uint32) uint32 {
+	p := uint32(1 << 31)
+	for j := 0; k != 0; j, k = j+1, k>>1 {
+		if k&1 != 0 {
+			p = gfMul(p, tab[j])
+		}
+	}
+	return p
+}
+
+// idShiftFwd returns x^(8k), k the bytes after the ID field in a packet
+// whose UDP payload is pktLen bytes.
+func idShiftFwd(pktLen int) uint32 {
+	k := pktLen - ICRCSize + idSuffix
+	if uint(pktLen) < idCacheLen {
+		e := &idShift[pktLen].fwd
+		if v := e.Load(); v != 0 {
+			return v
+		}
+		v := xPowBytes(k, &xPow8)
+		e.Store(v)
+		return v
+	}
+	return xPowBytes(k, &xPow8)
+}
+
+// idShiftInv returns x^(-8k), the inverse of idShiftFwd(pktLen).
+func idShiftInv(pktLen int) uint32 {
+	k := pktLen - ICRCSize + idSuffix
+	if uint(pktLen) < idCacheLen {
+		e := &idShift[pktLen].inv
+		if v := e.Load(); v != 0 {
+			return v
+		}
+		v := xPowBytes(k, &xInvPow8)
+		e.Store(v)
+		return v
+	}
+	return xPowBytes(k, &xInvPow8)
+}
+
+// idReg returns the register two bytes (big-endian d) leave in a zero
+// register: the contribution of an ID change d before any byte follows.
+func idReg(d uint16) uint32 {
+	s := crcTab[0][d>>8]
+	return s>>8 ^ crcTab[0][byte(s)^byte(d)]
+}
+
+// idFromReg inverts idReg: it returns the d with idReg(d) == r, or false
+// when no 16-bit value gives r (r outside the 16-dimensional image).
+func idFromReg(r uint32) (uint16, bool) {
+	j := crcTopInv[r>>24]       // the table index of the second byte's step
+	t := r ^ crcTab[0][j]       // = crcTab[0][hi] >> 8
+	hi := crcTopInv[t>>16&0xff] // crcTab[0][hi]'s top byte is t's byte 2
+	if crcTab[0][hi]>>8 != t {
+		return 0, false
+	}
+	lo := byte(crcTab[0][hi]) ^ j
+	return uint16(hi)<<8 | uint16(lo), true
+}
+
+// be16 returns v's two bytes in stream (big-endian) order as a little-endian
+// word fragment, for crcWord.
+func be16(v uint16) uint64 { return uint64(bits.ReverseBytes16(v)) }
 
 // ComputeICRC returns the RoCEv2 ICRC of a packet whose UDP payload,
 // without the 4-byte ICRC trailer, is roce. The value is what goes on the
 // wire little-endian (binary.LittleEndian.PutUint32), as Linux rxe puts it.
+// roce must hold at least a BTH (BTHSize bytes).
 //
 // Covered, in order (IBTA Annex A17.4.1): 8 bytes of 0xFF for the masked
 // LRH; the IPv4 header with TOS, TTL and header checksum set to all ones
 // (or the IPv6 header with traffic class, flow label and hop limit all
 // ones); the UDP header with checksum all ones; the BTH with its byte 4
 // (FECN, BECN, Resv6) all ones; the rest of the packet.
+//
+// The constant prefix is pre-hashed and the 40 (IPv4) or 60 (IPv6) bytes of
+// masked headers are fed as 64-bit words, so nothing is copied; the rest
+// goes through hash/crc32 (CLMUL on amd64). It does not allocate.
 func ComputeICRC(h *IPHeader, srcPort, dstPort uint16, roce []byte) uint32 {
-	var pseudo [40 + 8 + BTHSize]byte
-	n := 0
-	udpLen := 8 + len(roce) + ICRCSize
-	if h.Src.Unmap().Is4() {
-		ip := pseudo[:20]
-		ip[0] = 0x45
-		ip[1] = 0xff
-		binary.BigEndian.PutUint16(ip[2:], uint16(20+udpLen))
-		binary.BigEndian.PutUint16(ip[4:], h.ID)
+	_ = roce[BTHSize-1]
+	udpLen := uint16(8 + len(roce) + ICRCSize)
+	s := icrcSeed
+	if src := h.Src.Unmap(); src.Is4() {
+		var flags uint64
 		if h.DF {
-			ip[6] = 0x40
+			flags = 0x40
 		}
-		ip[8] = 0xff
-		ip[9] = 17
-		ip[10], ip[11] = 0xff, 0xff
-		s, d := h.Src.Unmap().As4(), h.Dst.Unmap().As4()
-		copy(ip[12:], s[:])
-		copy(ip[16:], d[:])
-		n = 20
-	} else {
-		ip := pseudo[:40]
-		ip[0], ip[1], ip[2], ip[3] = 0x6f, 0xff, 0xff, 0xff
-		binary.BigEndian.PutUint16(ip[4:], uint16(udpLen))
-		ip[6] = 17
-		ip[7] = 0xff
-		s, d := h.Src.As16(), h.Dst.As16()
-		copy(ip[8:], s[:])
-		copy(ip[24:], d[:])
-		n = 40
+		sa, da := src.As4(), h.Dst.Unmap().As4()
+		// Version/IHL, TOS=ff, total length, ID, flags + fragment offset.
+		s = crcWord(s, 0x45|0xff<<8|be16(20+udpLen)<<16|be16(h.ID)<<32|flags<<48)
+		// TTL=ff, protocol 17, checksum=ffff, source address.
+		s = crcWord(s, 0xff|17<<8|0xffff<<16|uint64(binary.LittleEndian.Uint32(sa[:]))<<32)
+		// Destination address, UDP ports.
+		s = crcWord(s, uint64(binary.LittleEndian.Uint32(da[:]))|be16(srcPort)<<32|be16(dstPort)<<48)
+		// UDP length, checksum=ffff, BTH bytes 0-3.
+		s = crcWord(s, be16(udpLen)|0xffff<<16|uint64(binary.LittleEndian.Uint32(roce))<<32)
+		// BTH bytes 4-11 with byte 4 (FECN, BECN, Resv6) all ones.
+		s = crcWord(s, binary.LittleEndian.Uint64(roce[4:])|0xff)
+		return crcFinish(s, roce[BTHSize:])
 	}
-	udp := pseudo[n : n+8]
-	binary.BigEndian.PutUint16(udp[0:], srcPort)
-	binary.BigEndian.PutUint16(udp[2:], dstPort)
-	binary.BigEndian.PutUint16(udp[4:], uint16(udpLen))
-	udp[6], udp[7] = 0xff, 0xff
-	n += 8
-	bth := pseudo[n : n+BTHSize]
-	copy(bth, roce[:BTHSize])
-	bth[bthFB] = 0xff
-	n += BTHSize
-	c := crc32.Update(0, crc32.IEEETable, ones8[:])
-	c = crc32.Update(c, crc32.IEEETable, pseudo[:n])
-	return crc32.Update(c, crc32.IEEETable, roce[BTHSize:])
+	sa, da := h.Src.As16(), h.Dst.As16()
+	// Version 6, traffic class and flow label all ones, payload length,
+	// next header 17, hop limit ff.
+	s = crcWord(s, 0x6f|0xffffff<<8|be16(udpLen)<<32|17<<48|0xff<<56)
+	s = crcWord(s, binary.LittleEndian.Uint64(sa[0:]))
+	s = crcWord(s, binary.LittleEndian.Uint64(sa[8:]))
+	s = crcWord(s, binary.LittleEndian.Uint64(da[0:]))
+	s = crcWord(s, binary.LittleEndian.Uint64(da[8:]))
+	s = crcWord(s, be16(srcPort)|be16(dstPort)<<16|be16(udpLen)<<32|0xffff<<48)
+	s = crcWord(s, binary.LittleEndian.Uint64(roce)|0xff<<32)
+	return crcFinish(s, roce[8:])
 }
 
 // PacketICRC returns the ICRC stored in the last 4 bytes of pkt.
@@ -79,25 +295,71 @@ func PacketICRC(pkt []byte) uint32 {
 }
 
 // PutICRC computes the ICRC of pkt (whose last 4 bytes are the trailer) and
-// stores it there.
+// stores it there. pkt must be at least BTHSize+ICRCSize bytes. For a UDP
+// GSO batch, call it once per segment with h.ID set to the segment's IPv4
+// ID (see docs/wire.md).
 func PutICRC(h *IPHeader, srcPort, dstPort uint16, pkt []byte) {
 	c := ComputeICRC(h, srcPort, dstPort, pkt[:len(pkt)-ICRCSize])
 	binary.LittleEndian.PutUint32(pkt[len(pkt)-ICRCSize:], c)
 }
 
+// VerifyICRCExact reports whether the ICRC stored in the last 4 bytes of
+// pkt matches the packet with exactly the IP header fields in h. Use it
+// when the sender's IPv4 ID is known (a raw or AF_PACKET socket, or a peer
+// known to send ID 0): the check then has its full 32-bit strength.
+func VerifyICRCExact(h *IPHeader, srcPort, dstPort uint16, pkt []byte) bool {
+	if len(pkt) < BTHSize+ICRCSize {
+		return false
+	}
+	return ComputeICRC(h, srcPort, dstPort, pkt[:len(pkt)-ICRCSize]) == PacketICRC(pkt)
+}
+
 // VerifyICRC reports whether the ICRC stored in the last 4 bytes of pkt
 // matches the packet. For IPv4, h.ID is tried first; a peer such as Linux
 // rxe sends IPv4 IDs that a UDP socket cannot see, so when h.ID does not
-// match, VerifyICRC looks for the ID that makes the CRC match and returns
-// it (see docs/wire.md for what that does to the strength of the check).
+// match, VerifyICRC solves for the ID that makes the CRC match and returns
+// it (see docs/wire.md for what that does to the strength of the check:
+// a random corruption then passes with probability about 2^-16 instead of
+// 2^-32). h.DF is used as given. For IPv6 there is no ID and the check is
+// exact. It does not allocate; the first packet of each length computes
+// and caches two 32-bit shift factors.
 func VerifyICRC(h *IPHeader, srcPort, dstPort uint16, pkt []byte) (ok bool, id uint16) {
 	if len(pkt) < BTHSize+ICRCSize {
 		return false, 0
 	}
 	want := PacketICRC(pkt)
-	if ComputeICRC(h, srcPort, dstPort, pkt[:len(pkt)-ICRCSize]) == want {
+	got := ComputeICRC(h, srcPort, dstPort, pkt[:len(pkt)-ICRCSize])
+	if got == want {
 		return true, h.ID
 	}
-	// TODO(icrc): recover the IPv4 ID from the CRC's affinity in the ID bits.
-	return false, 0
+	if !h.Src.Unmap().Is4() {
+		return false, 0
+	}
+	// crc(ID x) = crc(ID h.ID) ^ idReg(x^h.ID) * x^(8k): undo the shift by
+	// the k bytes after the ID, then read the ID change off the register.
+	d, ok := idFromReg(gfMul(want^got, idShiftInv(len(pkt))))
+	if !ok {
+		return false, 0
+	}
+	return true, h.ID ^ d
+}
+
+// ICRCWithID returns the ICRC that a packet whose UDP payload is pktLen
+// bytes (ICRC included) and whose ICRC is icrc for IPv4 ID oldID has when
+// sent with IPv4 ID newID, without hashing the packet again. The transport
+// uses it to place an already built packet (e.g. a retransmission built for
+// ID 0) at segment position i of a UDP GSO batch, whose kernel-assigned ID
+// is i. IPv4 only.
+func ICRCWithID(icrc uint32, pktLen int, oldID, newID uint16) uint32 {
+	if oldID == newID {
+		return icrc
+	}
+	return icrc ^ gfMul(idReg(oldID^newID), idShiftFwd(pktLen))
+}
+
+// SetICRCID rewrites the ICRC trailer of pkt, computed for IPv4 ID oldID,
+// for IPv4 ID newID (see ICRCWithID).
+func SetICRCID(pkt []byte, oldID, newID uint16) {
+	c := ICRCWithID(PacketICRC(pkt), len(pkt), oldID, newID)
+	binary.LittleEndian.PutUint32(pkt[len(pkt)-ICRCSize:], c)
 }

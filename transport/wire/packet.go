@@ -61,12 +61,30 @@ func (p *Packet) Opcode() Opcode { return Opcode(p.Raw[0]) }
 func (p *Packet) PSN() PSN { return BTH(p.Raw).PSN() }
 
 // Header returns the bytes of header h, or nil if the opcode has none.
+// Header(HdrPayload) returns Payload.
 func (p *Packet) Header(h Header) []byte {
-	if h != HdrBTH && p.Info.Mask&(1<<h) == 0 {
+	switch {
+	case h == HdrPayload:
+		return p.Payload
+	case h >= numHeaders || h != HdrBTH && p.Info.Mask&(1<<h) == 0:
 		return nil
 	}
 	o := int(p.Info.Offset[h])
 	return p.Raw[o : o+headerSize[h]]
+}
+
+// PadCount returns the BTH pad count: the bytes between Payload and the ICRC.
+func (p *Packet) PadCount() int { return BTH(p.Raw).PadCount() }
+
+// ICRC returns the ICRC trailer as stored (see PacketICRC).
+func (p *Packet) ICRC() uint32 { return PacketICRC(p.Raw) }
+
+// HeaderSize returns the size in bytes of header h (0 for HdrPayload).
+func HeaderSize(h Header) int {
+	if h >= numHeaders {
+		return 0
+	}
+	return headerSize[h]
 }
 
 // RETH returns the RETH view; the opcode must have one.
