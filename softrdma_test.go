@@ -58,7 +58,7 @@ func testTransfers(t *testing.T, o softrdmatest.Options) {
 	p := softrdmatest.NewPair(t, o)
 	const max = 1 << 20
 	src, srcMR := reg(t, p.A, max, rw)
-	dst, dstMR := reg(t, p.B, max, rw)
+	dst, dstMR := reg(t, p.B, max+8192, rw)
 	back, backMR := reg(t, p.A, max, rw)
 	for i, n := range sizes {
 		fill(uint64(i), src[:n])

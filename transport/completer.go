@@ -66,8 +66,8 @@ func (qp *QP) completer(p *wire.Packet, path *path) bool {
 			qp.fatal = true
 			return false
 		}
-		qp.retire(w, WCSuccess)
 		c.psn = psn.Add(1)
+		qp.retire(w, WCSuccess)
 		qp.progress()
 		return true
 	default: // READ responses
@@ -222,22 +222,25 @@ func (qp *QP) ackUpTo(psn wire.PSN) bool {
 		if isRdAtomic(w.wr.Opcode) {
 			return false
 		}
-		qp.retire(w, WCSuccess)
 		if qp.comp.psn.Before(w.lastPSN.Add(1)) {
 			qp.comp.psn = w.lastPSN.Add(1)
 		}
+		qp.retire(w, WCSuccess)
 	}
 }
 
 // retire completes the oldest WQE and advances the completer past it.
+// comp.psn must already be past the WQE's last PSN: if the requester was
+// rewound to this WQE and had not resent it yet, it resumes after it.
 func (qp *QP) retire(w *sendWQE, st WCStatus) {
 	qp.complete(w, st, false)
 	if isRdAtomic(w.wr.Opcode) && qp.req.rdAtomic > 0 && qp.comp.idx < qp.req.acct {
 		qp.req.rdAtomic--
 	}
 	qp.comp.idx++
-	if qp.req.idx < qp.comp.idx {
+	if qp.req.idx < qp.comp.idx || (qp.req.idx == qp.comp.idx && qp.req.psn.Before(qp.comp.psn)) {
 		qp.req.idx, qp.req.acct, qp.req.offset = qp.comp.idx, qp.comp.idx, 0
+		qp.req.psn = qp.comp.psn
 	}
 	if qp.req.acct < qp.comp.idx {
 		qp.req.acct = qp.comp.idx
