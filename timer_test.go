@@ -126,4 +126,3 @@ func TestFenceWaitsForPriorRead(t *testing.T) {
 	require.Equal(t, uint64(2), wcs[1].WRID)
 	require.Equal(t, remote, local[:4096])
 }
-
