@@ -25,6 +25,7 @@ type Options struct {
 	Cap        softrdma.Cap // default 256 WRs, 4 SGEs, 64 bytes inline
 	CQDepth    int          // default 1024
 	NoPcap     bool         // do not capture (by default a failing test keeps a pcap)
+	PcapPath   string       // capture into this file and always keep it
 	DisableGSO bool
 	DisableGRO bool
 }
@@ -53,15 +54,18 @@ func NewPair(tb testing.TB, o Options) *Pair {
 	tb.Helper()
 	p := &Pair{}
 	var tap *pcaptap.Writer
-	if !o.NoPcap {
+	if o.PcapPath != "" {
+		var err error
+		if tap, err = pcaptap.Create(o.PcapPath); err != nil {
+			tb.Fatalf("softrdmatest: %v", err)
+		}
+		p.PcapPath = o.PcapPath
+	} else if !o.NoPcap {
 		name := strings.NewReplacer("/", "_", " ", "_").Replace(tb.Name())
 		f, err := os.CreateTemp("", "softrdma-"+name+"-*.pcap")
 		if err == nil {
-			tap, err = pcaptap.NewWriter(f)
-			if err != nil {
-				f.Close()
-				tap = nil
-			} else {
+			f.Close()
+			if tap, err = pcaptap.Create(f.Name()); err == nil {
 				p.PcapPath = f.Name()
 			}
 		}
@@ -96,7 +100,9 @@ func NewPair(tb testing.TB, o Options) *Pair {
 		p.B.Dev.Close()
 		if tap != nil {
 			tap.Close()
-			if tb.Failed() {
+			if o.PcapPath != "" {
+				// kept
+			} else if tb.Failed() {
 				tb.Logf("softrdmatest: packets of the failed test kept in %s (open with wireshark or tshark -r)", p.PcapPath)
 			} else {
 				os.Remove(p.PcapPath)
