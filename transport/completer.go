@@ -17,7 +17,7 @@ func (qp *QP) completeRecv(p *wire.Packet, path *path) {
 	qp.fatal = false
 	qp.sq.Unlock()
 	if fatal {
-		qp.enterError()
+		qp.flush()
 		return
 	}
 	if kick {
@@ -62,8 +62,7 @@ func (qp *QP) completer(p *wire.Packet, path *path) bool {
 		var v [8]byte
 		binary.NativeEndian.PutUint64(v[:], p.AtomicAckETH().OrigRemoteData())
 		if st := qp.dev.place.Scatter(qp.pd, w.wr.SGL, 0, v[:]); st != placement.OK {
-			qp.complete(w, WCLocProtErr, true)
-			qp.fatal = true
+			qp.fail(w, WCLocProtErr)
 			return false
 		}
 		c.psn = psn.Add(1)
@@ -101,14 +100,12 @@ func (qp *QP) completer(p *wire.Packet, path *path) bool {
 		n := uint64(len(p.Payload))
 		last := info.Mask&wire.MaskLast != 0
 		if w.readDone+n > w.length || (!last && n != mtu) || (last && w.readDone+n != w.length) {
-			qp.complete(w, WCBadRespErr, true)
-			qp.fatal = true
+			qp.fail(w, WCBadRespErr)
 			return false
 		}
 		if n > 0 {
 			if st := qp.dev.place.Scatter(qp.pd, w.wr.SGL, w.readDone, p.Payload); st != placement.OK {
-				qp.complete(w, WCLocProtErr, true)
-				qp.fatal = true
+				qp.fail(w, WCLocProtErr)
 				return false
 			}
 		}
@@ -145,11 +142,8 @@ func (qp *QP) onAETH(syn wire.Syndrome, psn wire.PSN) bool {
 		}
 		c.psn = psn
 		if c.rnrRetry == 0 {
-			if w := qp.oldest(); w != nil {
-				qp.complete(w, WCRNRRetryExcErr, true)
-			}
+			qp.fail(qp.oldest(), WCRNRRetryExcErr)
 			ctr.RetryRNRExceededErr.Add(1)
-			qp.fatal = true
 			return false
 		}
 		if c.rnrRetry != 7 {
@@ -166,11 +160,8 @@ func (qp *QP) onAETH(syn wire.Syndrome, psn wire.PSN) bool {
 		if syn == wire.SyndromeNAKPSNSeqErr {
 			ctr.RcvdSeqErr.Add(1)
 			if c.retryCnt == 0 {
-				if w := qp.oldest(); w != nil {
-					qp.complete(w, WCRetryExcErr, true)
-				}
+				qp.fail(qp.oldest(), WCRetryExcErr)
 				ctr.RetryExceededErr.Add(1)
-				qp.fatal = true
 				return false
 			}
 			if c.retryCnt != 7 {
@@ -187,10 +178,7 @@ func (qp *QP) onAETH(syn wire.Syndrome, psn wire.PSN) bool {
 		case wire.SyndromeNAKInvalidRDReq:
 			status = WCRemInvRDReqErr
 		}
-		if w := qp.oldest(); w != nil {
-			qp.complete(w, status, true)
-		}
-		qp.fatal = true
+		qp.fail(qp.oldest(), status)
 		return false
 	}
 	ctr.drop(DropMalformed)

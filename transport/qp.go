@@ -425,18 +425,27 @@ func (w *sendWQE) reset() {
 
 // enterError moves the QP to ERR and flushes its queues (IBTA 10.3.1: a
 // QP in the error state completes every outstanding WR with
-// WR_FLUSH_ERR). Called by the engine on a fatal completion error.
+// WR_FLUSH_ERR). Called by the engine on a fatal error.
 func (qp *QP) enterError() {
-	for {
-		old := qp.state.Load()
-		if QPState(old) == QPStateErr {
-			return
-		}
-		if qp.state.CompareAndSwap(old, uint32(QPStateErr)) {
-			break
-		}
+	if qp.setError() {
+		qp.flush()
 	}
-	qp.flush()
+}
+
+// setError moves the state to ERR and reports whether it changed.
+func (qp *QP) setError() bool {
+	return QPState(qp.state.Swap(uint32(QPStateErr))) != QPStateErr
+}
+
+// fail completes w (if any) with an error status after moving the QP to
+// ERR, so that a consumer of the WC already sees the QP in ERR, and asks
+// for the queues to be flushed once sq is released. Caller holds sq.
+func (qp *QP) fail(w *sendWQE, st WCStatus) {
+	qp.setError()
+	if w != nil {
+		qp.complete(w, st, true)
+	}
+	qp.fatal = true
 }
 
 // flush completes every outstanding send and receive WQE with

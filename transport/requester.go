@@ -34,7 +34,7 @@ func (qp *QP) runRequester(b *txBatch) bool {
 	qp.fatal = false
 	qp.sq.Unlock()
 	if fatal {
-		qp.enterError()
+		qp.flush()
 	}
 	return more
 }
@@ -130,7 +130,7 @@ func (qp *QP) runRequesterLocked(b *txBatch) bool {
 // countTx notes a request packet with PSN psn, counting retransmissions.
 func (qp *QP) countTx(psn wire.PSN, n uint32) {
 	r := &qp.req
-	if psn.Before(r.hiPSN) {
+	if r.hiSet && psn.Before(r.hiPSN) {
 		qp.dev.counters.Retransmits.Add(1)
 	}
 	end := psn.Add(n)
@@ -212,8 +212,7 @@ func (qp *QP) sendSegment(b *txBatch, path *path, w *sendWQE) bool {
 			// The MR went away under the WR: a local protection error
 			// (IBTA 10.7.2.2). Drop the packet we were building.
 			b.n--
-			qp.complete(w, WCLocProtErr, true)
-			qp.fatal = true
+			qp.fail(w, WCLocProtErr)
 			return false
 		}
 	}
@@ -339,12 +338,11 @@ func (qp *QP) onTimer() {
 	}
 	if c.retryCnt == 0 {
 		c.timerArmed = false
-		if c.idx < qp.sq.head {
-			qp.complete(&qp.sq.wqe[c.idx%uint64(len(qp.sq.wqe))], WCRetryExcErr, true)
-			qp.dev.counters.RetryExceededErr.Add(1)
-		}
+		qp.fail(qp.oldest(), WCRetryExcErr)
+		qp.dev.counters.RetryExceededErr.Add(1)
+		qp.fatal = false
 		qp.sq.Unlock()
-		qp.enterError()
+		qp.flush()
 		return
 	}
 	if c.retryCnt != 7 {

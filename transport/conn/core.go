@@ -1,0 +1,412 @@
+package conn
+
+import (
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/softrdma/softrdma/transport/wire"
+)
+
+// item is one packet in a conn's pipeline.
+type item struct {
+	buf  []byte
+	addr netip.AddrPort // send: destination; receive: source
+	pb   *pbuf          // non-nil when buf is pb.b, a conn-owned copy
+
+	id      uint16 // receive: the IPv4 ID the ICRC verified with
+	corrupt bool   // flip buf[pos] ^= mask: after the ICRC (send), before delivery (receive)
+	flipped bool   // send: the flip is applied (undo it before recomputing the ICRC)
+	pos     int32
+	mask    byte
+}
+
+// rawDgram is a datagram read from the wire, not yet split or checked.
+type rawDgram struct {
+	buf  []byte
+	from netip.AddrPort
+	pb   *pbuf // pipe: the queued copy, owned by the receiver now
+	gso  int   // GRO super-buffer: the segment size; 0: one datagram
+}
+
+type tapBox struct{ t Tap }
+
+// core is the pipeline shared by UDPConn and PipeConn: impairment, ICRC,
+// tap, stats and the delay timer. The backend provides emit (send a list
+// of packets, with txMu held) and fills rxRaw (with rxMu held).
+type core struct {
+	local  netip.AddrPort
+	is4    bool
+	stats  Stats
+	impair atomic.Pointer[Impairment]
+	tap    atomic.Pointer[tapBox]
+	logf   func(format string, args ...any)
+	pool   *bufPool
+	closed atomic.Bool
+
+	// emit sends items in order (computing their ICRCs with finishTx) and
+	// returns the first error. Called with txMu held.
+	emit func(items []item) error
+	// checkDst validates and normalizes a destination.
+	checkDst func(netip.AddrPort) (netip.AddrPort, bool)
+
+	txMu  sync.Mutex
+	tx    impairer // guarded by txMu
+	txIn  []item   // scratch for Send, guarded by txMu
+	txOut []item   // scratch for Send, guarded by txMu
+	txDue []item   // scratch for the timer goroutine, guarded by txMu
+	timer struct {
+		started bool // guarded by txMu
+		kick    chan struct{}
+		done    chan struct{}
+		wg      sync.WaitGroup
+	}
+
+	rxMu      sync.Mutex
+	rx        impairer   // guarded by rxMu
+	rxRaw     []rawDgram // read and not yet consumed, guarded by rxMu
+	rxRawHead int        // next in rxRaw
+	rxSegOff  int        // offset of the next segment in rxRaw[rxRawHead]
+	rxSegIdx  int        // its index
+	rxReady   []item     // impaired packets ready for delivery, guarded by rxMu
+	rxHead    int        // next in rxReady
+	rxOwned   []*pbuf    // conn-owned buffers handed out by the last Receive
+}
+
+func (c *core) init(local netip.AddrPort, pool *bufPool, logf func(string, ...any)) {
+	c.local = local
+	c.is4 = local.Addr().Is4()
+	c.pool = pool
+	c.logf = logf
+	if c.logf == nil {
+		c.logf = func(string, ...any) {}
+	}
+	c.tx.init(DirTx, &c.stats.TxImpair, pool)
+	c.rx.init(DirRx, &c.stats.RxImpair, pool)
+	c.timer.kick = make(chan struct{}, 1)
+	c.timer.done = make(chan struct{})
+}
+
+func (c *core) LocalAddr() netip.AddrPort { return c.local }
+func (c *core) BatchSize() int            { return IdealBatchSize }
+func (c *core) Stats() *Stats             { return &c.stats }
+
+// SetImpairment implements Conn.
+func (c *core) SetImpairment(m *Impairment) error {
+	if m != nil {
+		if err := m.Validate(); err != nil {
+			return err
+		}
+		cp := *m // the conn keeps its own copy: the caller may reuse m
+		m = &cp
+	}
+	c.impair.Store(m)
+	return nil
+}
+
+// Impairment returns the impairment in force (nil: none). It must not be
+// modified.
+func (c *core) Impairment() *Impairment { return c.impair.Load() }
+
+// SetTap implements Conn.
+func (c *core) SetTap(t Tap) {
+	if t == nil {
+		c.tap.Store(nil)
+		return
+	}
+	c.tap.Store(&tapBox{t})
+}
+
+// send is Conn.Send for both backends.
+func (c *core) send(pkts []Packet) error {
+	if len(pkts) == 0 {
+		return nil
+	}
+	c.txMu.Lock()
+	defer c.txMu.Unlock()
+	if c.closed.Load() {
+		return net.ErrClosed
+	}
+	in := c.txIn[:0]
+	for _, p := range pkts {
+		if len(p.Buf) < MinPacketSize || len(p.Buf) > MaxPacketSize {
+			clear(in)
+			return ErrPacketSize
+		}
+		a, ok := c.checkDst(p.Addr)
+		if !ok {
+			clear(in)
+			return ErrAddressFamily
+		}
+		in = append(in, item{buf: p.Buf, addr: a})
+	}
+	c.tx.begin(c.impair.Load())
+	if c.tx.idle() {
+		err := c.emit(in)
+		c.release(in)
+		c.txIn = in[:0]
+		return err
+	}
+	now := time.Now()
+	out := c.tx.due(c.txOut[:0], now) // due packets go first
+	for _, it := range in {
+		out = c.tx.process(out, it, now)
+	}
+	c.tx.settle() // held packets must not alias the caller's buffers
+	clear(in)
+	c.txIn = in[:0]
+	c.armTimer()
+	err := c.emit(out)
+	c.release(out)
+	c.txOut = out[:0]
+	return err
+}
+
+// release returns the conn-owned buffers of items to the pool and clears
+// the references to callers' buffers.
+func (c *core) release(items []item) {
+	for i := range items {
+		c.pool.put(items[i].pb)
+	}
+	clear(items)
+}
+
+// finishTx computes the ICRC of a packet about to be sent with IPv4 ID id,
+// applies a pending corruption and shows it to the tap.
+func (c *core) finishTx(it *item, id uint16) {
+	if !c.is4 {
+		id = 0
+	}
+	if it.flipped { // the ICRC is being recomputed (GSO turned off): undo
+		it.buf[it.pos] ^= it.mask
+		it.flipped = false
+	}
+	h := wire.IPHeader{Src: c.local.Addr(), Dst: it.addr.Addr(), ID: id, DF: true}
+	wire.PutICRC(&h, c.local.Port(), it.addr.Port(), it.buf)
+	if it.corrupt {
+		it.buf[it.pos] ^= it.mask
+		it.flipped = true
+	}
+	if t := c.tap.Load(); t != nil {
+		t.t.Packet(DirTx, c.local, it.addr, id, it.buf)
+	}
+}
+
+// armTimer makes sure the timer goroutine runs when packets are waiting in
+// the send-side delay line or reorder hold. Called with txMu held.
+func (c *core) armTimer() {
+	if _, ok := c.tx.next(); !ok {
+		return
+	}
+	if !c.timer.started {
+		c.timer.started = true
+		c.timer.wg.Add(1)
+		go c.timerLoop()
+	}
+	select {
+	case c.timer.kick <- struct{}{}:
+	default:
+	}
+}
+
+// timerLoop sends delayed and held packets when they are due. It runs from
+// the first delayed packet until Close.
+func (c *core) timerLoop() {
+	defer c.timer.wg.Done()
+	t := time.NewTimer(time.Hour)
+	defer t.Stop()
+	for {
+		c.txMu.Lock()
+		if c.closed.Load() {
+			c.txMu.Unlock()
+			return
+		}
+		now := time.Now()
+		if due := c.tx.due(c.txDue[:0], now); len(due) > 0 {
+			_ = c.emit(due) // failures are counted in Stats
+			c.release(due)
+			c.txDue = due[:0]
+		}
+		next, ok := c.tx.next()
+		c.txMu.Unlock()
+		if ok {
+			t.Reset(next.Sub(now))
+		} else {
+			t.Stop()
+		}
+		select {
+		case <-t.C:
+		case <-c.timer.kick:
+		case <-c.timer.done:
+			return
+		}
+	}
+}
+
+// shutdown stops the timer goroutine and discards held packets. The
+// backend has already made Receive return.
+func (c *core) shutdown() {
+	c.closed.Store(true)
+	close(c.timer.done)
+	c.timer.wg.Wait()
+	c.txMu.Lock()
+	c.tx.discard()
+	c.txMu.Unlock()
+	c.rxMu.Lock()
+	c.rx.discard()
+	for _, r := range c.rxRaw[c.rxRawHead:] {
+		c.pool.put(r.pb)
+	}
+	clear(c.rxRaw)
+	c.rxRaw, c.rxRawHead = c.rxRaw[:0], 0
+	c.release(c.rxReady[c.rxHead:])
+	c.rxReady, c.rxHead = c.rxReady[:0], 0
+	c.releaseOwned()
+	c.rxMu.Unlock()
+}
+
+// beginReceive starts a Receive call: the previous call's buffers go back
+// to the pool. Called with rxMu held.
+func (c *core) beginReceive() {
+	c.releaseOwned()
+}
+
+func (c *core) releaseOwned() {
+	for i, b := range c.rxOwned {
+		c.pool.put(b)
+		c.rxOwned[i] = nil
+	}
+	c.rxOwned = c.rxOwned[:0]
+}
+
+// beforeRead is called before the backend reads more datagrams (which
+// overwrites the buffers of the previous ones). Called with rxMu held.
+func (c *core) beforeRead() {
+	c.rx.settle()
+	clear(c.rxRaw)
+	c.rxRaw, c.rxRawHead, c.rxSegOff, c.rxSegIdx = c.rxRaw[:0], 0, 0, 0
+}
+
+// deliver fills pkts with what is ready: due delayed packets, packets the
+// impairment let through, and datagrams read but not yet consumed. It
+// returns the number of packets filled. Called with rxMu held.
+func (c *core) deliver(pkts []Packet) int {
+	n := 0
+	var now time.Time
+	c.rx.begin(c.impair.Load())
+	if !c.rx.idle() {
+		now = time.Now()
+		c.rxReady = c.rx.due(c.rxReady, now)
+	}
+	for n < len(pkts) {
+		if c.rxHead < len(c.rxReady) {
+			it := c.rxReady[c.rxHead]
+			c.rxReady[c.rxHead] = item{}
+			c.rxHead++
+			if it.corrupt {
+				// The ID is known (the packet verified on arrival), so the
+				// check is exact: no ID is solved for.
+				it.buf[it.pos] ^= it.mask
+				h := wire.IPHeader{Src: it.addr.Addr(), Dst: c.local.Addr(), ID: it.id, DF: true}
+				body := it.buf[:len(it.buf)-wire.ICRCSize]
+				if wire.ComputeICRC(&h, it.addr.Port(), c.local.Port(), body) != wire.PacketICRC(it.buf) {
+					c.stats.BadICRC.Add(1)
+					c.pool.put(it.pb)
+					continue
+				}
+			}
+			pkts[n] = Packet{Buf: it.buf, Addr: it.addr}
+			if it.pb != nil {
+				c.rxOwned = append(c.rxOwned, it.pb)
+			}
+			n++
+			continue
+		}
+		c.rxReady, c.rxHead = c.rxReady[:0], 0
+		it, ok, more := c.nextArrival()
+		if !more {
+			break
+		}
+		if !ok {
+			continue
+		}
+		if c.rx.idle() {
+			pkts[n] = Packet{Buf: it.buf, Addr: it.addr}
+			if it.pb != nil {
+				c.rxOwned = append(c.rxOwned, it.pb)
+			}
+			n++
+			continue
+		}
+		if now.IsZero() {
+			now = time.Now()
+		}
+		c.rxReady = c.rx.process(c.rxReady, it, now)
+	}
+	return n
+}
+
+// nextArrival takes the next datagram (or GRO segment) from rxRaw and
+// checks its ICRC. more is false when rxRaw is used up; ok is false when
+// the datagram was dropped.
+func (c *core) nextArrival() (it item, ok, more bool) {
+	if c.rxRawHead >= len(c.rxRaw) {
+		return item{}, false, false
+	}
+	r := &c.rxRaw[c.rxRawHead]
+	b, seg := r.buf, -1
+	if r.gso > 0 && r.gso < len(r.buf) {
+		off := c.rxSegOff
+		end := min(off+r.gso, len(r.buf))
+		b, seg = r.buf[off:end], c.rxSegIdx
+		if seg == 0 {
+			c.stats.GROBatches.Add(1)
+		}
+		c.rxSegOff, c.rxSegIdx = end, seg+1
+		if end == len(r.buf) {
+			c.rxRawHead++
+			c.rxSegOff, c.rxSegIdx = 0, 0
+		}
+	} else {
+		c.rxRawHead++
+	}
+	from, pb := r.from, r.pb
+	c.stats.RcvdDatagrams.Add(1)
+	c.stats.RcvdBytes.Add(uint64(len(b)))
+	if len(b) < MinPacketSize {
+		c.stats.Short.Add(1)
+		c.pool.put(pb)
+		return item{}, false, true
+	}
+	// Linux sends ID 0 on our unconnected DF socket, except that segment i
+	// of a UDP GSO super-buffer gets ID i (see UDPConn.emitBatch); a GRO
+	// super-buffer built from separate datagrams has ID 0 everywhere, and
+	// a peer such as rxe uses IDs we cannot predict. VerifyICRC tries the
+	// hint first and otherwise solves for the ID.
+	var hint uint16
+	if c.is4 && seg > 0 {
+		hint = uint16(seg)
+	}
+	ok, id := c.verify(b, from, hint)
+	if t := c.tap.Load(); t != nil {
+		t.t.Packet(DirRx, from, c.local, id, b)
+	}
+	if !ok {
+		c.stats.BadICRC.Add(1)
+		c.pool.put(pb)
+		return item{}, false, true
+	}
+	return item{buf: b, addr: from, pb: pb, id: id}, true, true
+}
+
+// verify checks the ICRC of a packet received from from, with IPv4 ID
+// hint as the first guess. It returns the ID that verified, or hint.
+func (c *core) verify(b []byte, from netip.AddrPort, hint uint16) (bool, uint16) {
+	h := wire.IPHeader{Src: from.Addr(), Dst: c.local.Addr(), ID: hint, DF: true}
+	if ok, id := wire.VerifyICRC(&h, from.Port(), c.local.Port(), b); ok {
+		return true, id
+	}
+	return false, hint
+}

@@ -1,0 +1,103 @@
+package conn_test
+
+import (
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/softrdma/softrdma/transport/conn"
+	"github.com/softrdma/softrdma/transport/wire"
+)
+
+// newPipe returns a pipe with queues of qlen (0: the default) closed at
+// the end of the test.
+func newPipe(t testing.TB, qlen int) (a, b *conn.PipeConn) {
+	a, b, err := conn.NewPipeWith(conn.PipeConfig{QueueLen: qlen})
+	require.NoError(t, err)
+	t.Cleanup(func() { a.Close(); b.Close() })
+	return a, b
+}
+
+func TestPipeRoundTrip(t *testing.T) {
+	goroutineLeakCheck(t)
+	a, b := newPipe(t, 0)
+	require.Equal(t, netip.MustParseAddrPort("127.0.0.1:4791"), a.LocalAddr())
+	require.Equal(t, netip.MustParseAddrPort("127.0.0.2:4791"), b.LocalAddr())
+	for _, dir := range []struct{ from, to *conn.PipeConn }{{a, b}, {b, a}} {
+		pkts := make([]conn.Packet, 100)
+		for i := range pkts {
+			pkts[i] = conn.Packet{Buf: newPacket(uint32(i), 16+i*37), Addr: dir.to.LocalAddr()}
+		}
+		require.NoError(t, dir.from.Send(pkts))
+		got := receiveN(t, dir.to, len(pkts), 5*time.Second)
+		require.Len(t, got, len(pkts))
+		for i, g := range got {
+			require.Equal(t, pkts[i].Buf, g.buf)
+			require.Equal(t, dir.from.LocalAddr(), g.from)
+			// The ICRC covers the pipe's addresses and IPv4 ID 0.
+			h := wire.IPHeader{Src: dir.from.LocalAddr().Addr(), Dst: dir.to.LocalAddr().Addr(), DF: true}
+			require.Equal(t, wire.PacketICRC(g.buf), wire.ComputeICRC(&h, 4791, 4791, g.buf[:len(g.buf)-4]))
+		}
+	}
+	require.Equal(t, uint64(100), a.Stats().SentDatagrams.Load())
+	require.Equal(t, uint64(100), b.Stats().RcvdDatagrams.Load())
+	require.Zero(t, a.Stats().BadICRC.Load()+b.Stats().BadICRC.Load())
+}
+
+func TestPipeQueueFullDropsAndCounts(t *testing.T) {
+	a, b, err := conn.NewPipeWith(conn.PipeConfig{QueueLen: 8})
+	require.NoError(t, err)
+	defer a.Close()
+	defer b.Close()
+	pkts := make([]conn.Packet, 20)
+	for i := range pkts {
+		pkts[i] = conn.Packet{Buf: newPacket(uint32(i), 64), Addr: b.LocalAddr()}
+	}
+	require.NoError(t, a.Send(pkts))
+	require.Equal(t, uint64(12), b.Stats().RecvQueueFull.Load())
+	got := receiveN(t, b, 8, 5*time.Second)
+	for i, g := range got {
+		require.Equal(t, uint32(i), seqOf(g.buf)) // the first 8 made it
+	}
+}
+
+func TestPipeClose(t *testing.T) {
+	goroutineLeakCheck(t)
+	a, b := conn.NewPipe()
+	errc := make(chan error, 1)
+	go func() {
+		_, err := b.Receive(make([]conn.Packet, 4))
+		errc <- err
+	}()
+	require.NoError(t, b.Close())
+	require.ErrorIs(t, <-errc, net.ErrClosed)
+	// Sending to a closed peer is like UDP to a closed port: no error.
+	require.NoError(t, a.Send([]conn.Packet{{Buf: newPacket(0, 64), Addr: b.LocalAddr()}}))
+	require.NoError(t, a.Close())
+	require.ErrorIs(t, a.Send([]conn.Packet{{Buf: newPacket(0, 64), Addr: b.LocalAddr()}}), net.ErrClosed)
+	_, err := a.Receive(make([]conn.Packet, 4))
+	require.ErrorIs(t, err, net.ErrClosed)
+	require.NoError(t, a.Close()) // idempotent
+}
+
+func TestPipeRejectsOtherDestinations(t *testing.T) {
+	a, _ := newPipe(t, 0)
+	err := a.Send([]conn.Packet{{Buf: newPacket(0, 64), Addr: netip.MustParseAddrPort("127.0.0.3:4791")}})
+	require.ErrorIs(t, err, conn.ErrAddressFamily)
+	_, _, err = conn.NewPipeWith(conn.PipeConfig{AddrA: netip.MustParseAddrPort("[::1]:1"), AddrB: netip.MustParseAddrPort("127.0.0.1:1")})
+	require.ErrorIs(t, err, conn.ErrAddressFamily)
+}
+
+func TestPipeIPv6(t *testing.T) {
+	a, b, err := conn.NewPipeWith(conn.PipeConfig{AddrA: netip.MustParseAddrPort("[fd00::1]:4791"), AddrB: netip.MustParseAddrPort("[fd00::2]:4791")})
+	require.NoError(t, err)
+	defer a.Close()
+	defer b.Close()
+	require.NoError(t, a.Send([]conn.Packet{{Buf: newPacket(7, 300), Addr: b.LocalAddr()}}))
+	got := receiveN(t, b, 1, 5*time.Second)
+	require.Len(t, got, 1)
+	require.Equal(t, uint32(7), seqOf(got[0].buf))
+}
