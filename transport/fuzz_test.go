@@ -2,6 +2,10 @@ package transport
 
 import (
 	"encoding/binary"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/softrdma/softrdma/transport/wire"
@@ -39,6 +43,30 @@ func FuzzResponder(f *testing.F) {
 	f.Add(seed(r.build(wire.OpAcknowledge, 5000, nil, false, func(b []byte, info *wire.OpInfo) {
 		wire.AETH(b[info.Offset[wire.HdrAETH]:]).Encode(wire.SyndromeNAKPSNSeqErr, 0)
 	})))
+	// Every packet of the wire package's seed corpus: one of every opcode
+	// and one golden rxe packet per capture, opcode and length. The last
+	// byte's low bit is set so that each is steered at the QP.
+	files, _ := filepath.Glob("wire/testdata/fuzz/FuzzParse/*")
+	for _, name := range files {
+		data, err := os.ReadFile(name)
+		if err != nil {
+			f.Fatal(err)
+		}
+		lines := strings.SplitN(string(data), "\n", 3)
+		if len(lines) < 2 || !strings.HasPrefix(lines[1], "[]byte(") {
+			continue
+		}
+		q, err := strconv.Unquote(strings.TrimSuffix(strings.TrimPrefix(lines[1], "[]byte("), ")"))
+		if err != nil || len(q) < wire.BTHSize {
+			continue
+		}
+		p := []byte(q)
+		p[len(p)-1] |= 1
+		f.Add(seed(p))
+	}
+	if len(files) == 0 {
+		f.Fatal("no seed corpus in wire/testdata/fuzz/FuzzParse")
+	}
 	f.Fuzz(func(t *testing.T, in []byte) {
 		if r.qp.State() != QPStateRTS {
 			r.connect(t)
