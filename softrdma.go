@@ -18,6 +18,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/softrdma/softrdma/hostmem"
 	"github.com/softrdma/softrdma/placement"
 	"github.com/softrdma/softrdma/transport"
 	"github.com/softrdma/softrdma/transport/conn"
@@ -105,6 +106,20 @@ func (d *Device) LocalAddr() netip.AddrPort { return d.conn.LocalAddr() }
 
 // Counters returns the device's hardware counters (rxe hw_counters names).
 func (d *Device) Counters() *transport.Counters { return d.t.Counters() }
+
+// SetImpairment replaces the loss, reordering, duplication, corruption and
+// delay injected on this device's traffic, at run time (nil: none). An
+// invalid impairment is rejected and the old one kept.
+func (d *Device) SetImpairment(imp *conn.Impairment) error { return d.conn.SetImpairment(imp) }
+
+// HostAlloc allocates size bytes of memfd-backed memory that the
+// application and the NIC map together (see package hostmem); register
+// its Bytes() with RegMR. Free it with its Free method after DeregMR.
+func (d *Device) HostAlloc(size int) (*hostmem.Buffer, error) { return d.place.HostAlloc(size) }
+
+// Snapshot returns every counter by name: rxe's hw_counters, the drops
+// by reason and the impairment counts.
+func (d *Device) Snapshot() []transport.Counter { return d.t.Snapshot() }
 
 // ConnStats returns the socket-level counters (datagrams, syscalls, GSO,
 // bad ICRC, impairment).

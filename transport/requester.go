@@ -41,9 +41,12 @@ func (qp *QP) runRequester(b *txBatch) bool {
 
 func (qp *QP) runRequesterLocked(b *txBatch) bool {
 	st := qp.State()
-	if st != QPStateRTS || qp.comp.rnrWait {
+	if (st != QPStateRTS && st != QPStateSQD) || qp.comp.rnrWait {
 		return false
 	}
+	// SQD (IBTA 10.3.1 "Send Queue Drain"): finish the message in
+	// progress, start no new one.
+	draining := st == QPStateSQD
 	path := qp.path.Load()
 	mtu := path.mtu
 	r := &qp.req
@@ -65,6 +68,9 @@ func (qp *QP) runRequesterLocked(b *txBatch) bool {
 		}
 		w := &qp.sq.wqe[r.idx%nslots]
 		op := w.wr.Opcode
+		if draining && r.offset == 0 {
+			break
+		}
 		if r.idx == r.acct {
 			// First visit of this WQE in this pass: fence and credits.
 			if w.wr.Flags&SendFence != 0 && r.rdAtomic > 0 {

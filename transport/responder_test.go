@@ -187,6 +187,10 @@ func TestResponderBadInput(t *testing.T) {
 		{"payload longer than the MTU", func(r *responderRig) []byte {
 			return r.build(wire.OpRDMAWriteOnly, 1000, make([]byte, rigMTU+4), true, r.reth(r.mr.Addr(), r.mr.RKey(), rigMTU+4))
 		}, DropTooLong, 0, false},
+		{"QP not ready to receive", func(r *responderRig) []byte {
+			require.NoError(r.t, r.qp.Modify(&QPAttr{State: QPStateReset}, QPAttrState))
+			return r.build(wire.OpSendOnly, 1000, nil, true, nil)
+		}, DropBadQPState, 0, false},
 		// Sequence.
 		{"PSN after the expected one", func(r *responderRig) []byte { return r.build(wire.OpSendOnly, 1005, nil, true, nil) },
 			DropPSNOutOfWindow, wire.SyndromeNAKPSNSeqErr, false},
@@ -229,9 +233,12 @@ func TestResponderBadInput(t *testing.T) {
 				require.Equal(t, c.nak, syn, "NAK syndrome")
 				require.Equal(t, wire.PSN(1000), psn, "the NAK names the expected PSN")
 			}
-			if c.toError {
+			switch {
+			case c.toError:
 				require.Equal(t, QPStateErr, r.qp.State())
-			} else {
+			case c.drop == DropBadQPState:
+				require.Equal(t, QPStateReset, r.qp.State())
+			default:
 				require.Equal(t, QPStateRTS, r.qp.State())
 			}
 			require.True(t, r.guardsIntact(), "bytes written outside the MR")
