@@ -10,6 +10,7 @@ require (
 )
 
 require (
+	github.com/alecthomas/kong v1.17.0 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/net v0.62.0 // indirect
 )

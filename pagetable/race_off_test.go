@@ -1,0 +1,5 @@
+//go:build !race
+
+package pagetable
+
+const raceEnabled = false

@@ -1,0 +1,106 @@
+package placement
+
+import (
+	"github.com/softrdma/softrdma/pagetable"
+	"github.com/softrdma/softrdma/stag"
+)
+
+// SGE is a scatter/gather element (ibv_sge): Length bytes at Addr in the
+// region whose local key is LKey.
+type SGE struct {
+	Addr   uint64
+	Length uint32
+	LKey   uint32
+}
+
+// CheckSGL validates an SGL when a work request is posted: every non-empty
+// element's L_Key must name a valid region of pd granting need (0 to read,
+// stag.AccessLocalWrite to write) that holds the element. It returns the
+// SGL's total length. Elements of length 0 are not checked: they name no
+// memory. A failure is LocalProtErr.
+func (e *Engine) CheckSGL(pd uint32, sgl []SGE, need stag.Access) (total uint64, st Status) {
+	for i := range sgl {
+		s := &sgl[i]
+		total += uint64(s.Length)
+		if s.Length == 0 {
+			continue
+		}
+		ent, r := e.mrs.Lookup(pd, stag.STag(s.LKey), need)
+		if r != stag.OK || ent.CheckRange(s.Addr, uint64(s.Length)) != stag.OK {
+			return 0, LocalProtErr
+		}
+	}
+	return total, OK
+}
+
+// sglTotal returns the SGL's total length.
+func sglTotal(sgl []SGE) uint64 {
+	var t uint64
+	for i := range sgl {
+		t += uint64(sgl[i].Length)
+	}
+	return t
+}
+
+// Gather copies len(dst) bytes of the SGL, starting at byte offset of the
+// SGL, into dst: the requester's payload of a SEND or RDMA WRITE packet
+// (a local read: no right is needed). Bytes beyond
+// the SGL's total are LocalLenErr; a key, PD or bounds failure is
+// LocalProtErr. Keys are checked again at each call because the region may
+// have been deregistered since the work request was posted.
+func (e *Engine) Gather(pd uint32, sgl []SGE, offset uint64, dst []byte) Status {
+	return e.sgl(pd, sgl, offset, dst, false)
+}
+
+// Scatter copies src into the SGL starting at byte offset of the SGL: a
+// received SEND payload into the receive WQE's SGL, an RDMA READ response
+// or an atomic's original value into the requester's SGL. The elements need
+// LOCAL_WRITE. src beyond the SGL's total is LocalLenErr and places
+// nothing; a key, PD or bounds failure is LocalProtErr, in which case
+// elements before the failing one may have been written (the WQE completes
+// in error and its buffer's contents are undefined).
+func (e *Engine) Scatter(pd uint32, sgl []SGE, offset uint64, src []byte) Status {
+	return e.sgl(pd, sgl, offset, src, true)
+}
+
+func (e *Engine) sgl(pd uint32, sgl []SGE, offset uint64, b []byte, write bool) Status {
+	n := uint64(len(b))
+	if total := sglTotal(sgl); offset > total || n > total-offset {
+		return LocalLenErr
+	}
+	need := stag.Access(0)
+	if write {
+		need = stag.AccessLocalWrite
+	}
+	done := uint64(0)
+	for i := 0; done < n; i++ {
+		s := &sgl[i]
+		l := uint64(s.Length)
+		if offset >= l {
+			offset -= l
+			continue
+		}
+		k := min(l-offset, n-done)
+		ent, r := e.mrs.Acquire(pd, stag.STag(s.LKey), need)
+		if r != stag.OK {
+			return LocalProtErr
+		}
+		if ent.CheckRange(s.Addr, l) != stag.OK {
+			ent.Release()
+			return LocalProtErr
+		}
+		var tr pagetable.Result
+		if write {
+			_, tr = ent.Value.table.CopyIn(s.Addr+offset, b[done:done+k])
+		} else {
+			_, tr = ent.Value.table.CopyOut(s.Addr+offset, b[done:done+k])
+		}
+		ent.Release()
+		if tr != pagetable.OK {
+			return tableStatus(tr, false)
+		}
+		done += k
+		offset = 0
+	}
+	return OK
+}

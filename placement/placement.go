@@ -1,0 +1,242 @@
+package placement
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/softrdma/softrdma/hostmem"
+	"github.com/softrdma/softrdma/pagetable"
+	"github.com/softrdma/softrdma/stag"
+)
+
+// Errors of the control path (registration).
+var (
+	// ErrInvalid is EINVAL: the arguments break a verbs rule.
+	ErrInvalid = errors.New("invalid argument")
+	// ErrNotSupported: the request is valid but not implemented yet.
+	ErrNotSupported = errors.New("not supported")
+	// ErrDeregistered: the MR was already deregistered.
+	ErrDeregistered = errors.New("placement: MR already deregistered")
+)
+
+// Config configures an Engine.
+type Config struct {
+	// PinLimit bounds the bytes the device may pin (whole pages; overlapping
+	// registrations count twice, as the kernel's pinned_vm does). 0 applies
+	// the kernel's rule instead: RLIMIT_MEMLOCK for the whole process,
+	// unless the process has CAP_IPC_LOCK.
+	PinLimit int64
+	// MaxMRs bounds the key table (0: 2^24-1, every index an STag can name).
+	MaxMRs uint32
+}
+
+// Engine is the placement engine of one device: its key table, pin
+// account and address space.
+type Engine struct {
+	mrs   *stag.Table[*MR]
+	pins  *hostmem.PinAccount
+	space hostmem.Space
+}
+
+// New returns an engine.
+func New(cfg Config) *Engine {
+	return &Engine{
+		mrs:  stag.NewTable[*MR](cfg.MaxMRs),
+		pins: hostmem.NewPinAccount(cfg.PinLimit),
+	}
+}
+
+// PinnedBytes returns the bytes the device has pinned.
+func (e *Engine) PinnedBytes() int64 { return e.pins.Pinned() }
+
+// PinLimit returns the pin limit in force (-1: none); see Config.PinLimit.
+func (e *Engine) PinLimit() int64 { return e.pins.Limit() }
+
+// Space returns the device's address space (the memfd buffers whose pages
+// the NIC reaches through its own mapping).
+func (e *Engine) Space() *hostmem.Space { return &e.space }
+
+// HostAlloc allocates a memfd-backed buffer shared by the application and
+// the device and registers it in the device's Space: MRs registered on its
+// Bytes() are translated to its NIC mapping. Free it with Buffer.Free after
+// deregistering its MRs.
+func (e *Engine) HostAlloc(size int) (*hostmem.Buffer, error) {
+	b, err := hostmem.Alloc(size)
+	if err != nil {
+		return nil, err
+	}
+	if err := e.space.Register(b); err != nil {
+		_ = b.Free()
+		return nil, err
+	}
+	return b, nil
+}
+
+// MR is a registered memory region (ibv_mr).
+type MR struct {
+	entry *stag.Entry[*MR] // key table entry; its Value is this MR
+	table *pagetable.Table // translation of the region
+	buf   []byte           // the registered bytes, kept referenced
+	dead  atomic.Bool      // DeregMR has started
+	eng   *Engine
+}
+
+// LKey returns the local key (ibv_mr.lkey).
+func (m *MR) LKey() uint32 { return uint32(m.entry.STag) }
+
+// RKey returns the remote key (ibv_mr.rkey). It equals the local key, as on
+// mlx5; a region without remote rights fails every remote access on the
+// access check.
+func (m *MR) RKey() uint32 { return uint32(m.entry.STag) }
+
+// Addr returns the region's I/O virtual address: the address of its first
+// byte (ibv_mr.addr).
+func (m *MR) Addr() uint64 { return m.entry.IOVA }
+
+// Len returns the region's length in bytes (ibv_mr.length).
+func (m *MR) Len() int { return len(m.buf) }
+
+// Access returns the rights the region was registered with.
+func (m *MR) Access() stag.Access { return m.entry.Access }
+
+// PD returns the protection domain the region belongs to.
+func (m *MR) PD() uint32 { return m.entry.PD }
+
+// Bytes returns the registered memory (the application's view).
+func (m *MR) Bytes() []byte { return m.buf }
+
+// RegMR registers buf for protection domain pd with the given rights, as
+// ibv_reg_mr: the pages are prefaulted and pinned (charged to the pin
+// limit), the translation table is filled, and a fresh key is published.
+// The region's IOVA is the address of buf[0].
+//
+// It fails with ErrInvalid for an empty buffer, unknown access bits, or
+// REMOTE_WRITE or REMOTE_ATOMIC without LOCAL_WRITE (IBTA 10.6.3.1; the
+// kernel's ib_check_mr_access returns EINVAL), with ErrNotSupported for
+// ON_DEMAND and ZERO_BASED (later issues), and with an error wrapping
+// hostmem.ErrPinLimit when the pin limit would be exceeded.
+func (e *Engine) RegMR(pd uint32, buf []byte, access stag.Access) (*MR, error) {
+	switch {
+	case len(buf) == 0:
+		return nil, fmt.Errorf("placement: reg MR: empty buffer: %w", ErrInvalid)
+	case access&^stag.AccessAll != 0:
+		return nil, fmt.Errorf("placement: reg MR: unknown access flags %#x: %w", uint32(access&^stag.AccessAll), ErrInvalid)
+	case access&(stag.AccessRemoteWrite|stag.AccessRemoteAtomic) != 0 && access&stag.AccessLocalWrite == 0:
+		return nil, fmt.Errorf("placement: reg MR: %v without LOCAL_WRITE: %w", access, ErrInvalid)
+	case access&stag.AccessOnDemand != 0:
+		return nil, fmt.Errorf("placement: reg MR: ON_DEMAND: %w", ErrNotSupported)
+	case access&stag.AccessZeroBased != 0:
+		return nil, fmt.Errorf("placement: reg MR: ZERO_BASED: %w", ErrNotSupported)
+	}
+	iova := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(buf))))
+	table, err := pagetable.NewPinned(iova, buf, &e.space, e.pins, access&stag.AccessLocalWrite != 0)
+	if err != nil {
+		return nil, fmt.Errorf("placement: reg MR: %w", err)
+	}
+	mr := &MR{table: table, buf: buf, eng: e}
+	ent, err := e.mrs.Alloc(pd, iova, uint64(len(buf)), access, mr)
+	if err != nil {
+		_ = table.Release()
+		return nil, fmt.Errorf("placement: reg MR: %w", err)
+	}
+	mr.entry = ent
+	// The entry was published invalid; it becomes usable only now that the
+	// MR is complete.
+	if err := e.mrs.Validate(ent.STag); err != nil {
+		panic("placement: a new key cannot be validated: " + err.Error())
+	}
+	return mr, nil
+}
+
+// DeregMR deregisters mr (ibv_dereg_mr): it invalidates the key, so that no
+// new access starts, then waits until the placements in flight (including
+// message cursors that hold the region) have ended, frees the key's index
+// for reuse under a new key, and unpins the pages. The transport must End
+// the cursors of QPs that stop (error state, destroy), or DeregMR waits for
+// them.
+func (e *Engine) DeregMR(mr *MR) error {
+	if mr == nil || mr.eng != e {
+		return fmt.Errorf("placement: dereg MR: not a region of this device: %w", ErrInvalid)
+	}
+	if !mr.dead.CompareAndSwap(false, true) {
+		return ErrDeregistered
+	}
+	key := mr.entry.STag
+	if err := e.mrs.Invalidate(key); err != nil {
+		panic("placement: the key of a live MR is missing: " + err.Error())
+	}
+	mr.entry.Drain()
+	if err := e.mrs.Free(key); err != nil {
+		panic("placement: the key of a live MR is missing: " + err.Error())
+	}
+	if err := mr.table.Release(); err != nil {
+		return fmt.Errorf("placement: dereg MR: %w", err)
+	}
+	return nil
+}
+
+// Status is the outcome of a data-path call. See the package documentation
+// for what the transport sends and completes with for each.
+type Status uint8
+
+// Outcomes.
+const (
+	OK Status = iota
+	// RemoteAccessErr: an R_Key violation — unknown, stale or forged key,
+	// another PD's key, missing right, invalidated region, or a range outside
+	// the region. NAK "remote access error".
+	RemoteAccessErr
+	// InvalidRequest: a payload longer than the RETH's DMA length, a
+	// misaligned atomic, an unknown atomic operation. NAK "invalid request".
+	InvalidRequest
+	// RemoteOpErr: NAK "remote operational error". Not produced by the
+	// calls of this package today: a protection error on the responder's
+	// own receive SGL is reported as LocalProtErr and sent as this NAK.
+	RemoteOpErr
+	// LocalProtErr: an L_Key check failed (key, PD, LOCAL_WRITE, bounds).
+	// IBV_WC_LOC_PROT_ERR.
+	LocalProtErr
+	// LocalLenErr: the data does not fit the SGL. IBV_WC_LOC_LEN_ERR.
+	LocalLenErr
+	// WouldFault: a page is not present (demand-paged regions, issue 3).
+	// Nothing was placed; retry the same call after the fault is served.
+	// Pinned regions never return it.
+	WouldFault
+)
+
+var statusNames = [...]string{
+	OK:              "ok",
+	RemoteAccessErr: "remote access error",
+	InvalidRequest:  "invalid request",
+	RemoteOpErr:     "remote operational error",
+	LocalProtErr:    "local protection error",
+	LocalLenErr:     "local length error",
+	WouldFault:      "would fault",
+}
+
+func (s Status) String() string {
+	if int(s) < len(statusNames) {
+		return statusNames[s]
+	}
+	return "Status(" + strconv.Itoa(int(s)) + ")"
+}
+
+// tableStatus maps a translation failure (which a pinned region only meets
+// if it is used after release) to a Status, for a remote or a local access.
+func tableStatus(r pagetable.Result, remote bool) Status {
+	switch r {
+	case pagetable.OK:
+		return OK
+	case pagetable.NotPresent:
+		return WouldFault
+	case pagetable.Misaligned:
+		return InvalidRequest
+	}
+	if remote {
+		return RemoteAccessErr
+	}
+	return LocalProtErr
+}

@@ -1,0 +1,5 @@
+//go:build race
+
+package stag
+
+const raceEnabled = true
