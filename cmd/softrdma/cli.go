@@ -1,0 +1,128 @@
+package main
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/softrdma/softrdma/cmd/softrdma/internal/perf"
+)
+
+// cli is the command line: one subcommand per tool, with perftest's flags.
+type cli struct {
+	WriteBW  toolCmd `cmd:"" name:"write-bw" help:"RDMA WRITE bandwidth (ib_write_bw)."`
+	WriteLat toolCmd `cmd:"" name:"write-lat" help:"RDMA WRITE latency, ping-pong polling memory (ib_write_lat)."`
+	ReadBW   toolCmd `cmd:"" name:"read-bw" help:"RDMA READ bandwidth (ib_read_bw)."`
+	ReadLat  toolCmd `cmd:"" name:"read-lat" help:"RDMA READ latency (ib_read_lat)."`
+	SendBW   toolCmd `cmd:"" name:"send-bw" help:"SEND/RECV bandwidth (ib_send_bw)."`
+	SendLat  toolCmd `cmd:"" name:"send-lat" help:"SEND/RECV latency, ping-pong (ib_send_lat)."`
+	AtomicBW toolCmd `cmd:"" name:"atomic-bw" help:"Atomic FETCH_AND_ADD or CMP_AND_SWAP bandwidth (ib_atomic_bw)."`
+	Demo     demoCmd `cmd:"" help:"Two emulated hosts in this process move a file by WRITE, READ and SEND and check it."`
+}
+
+// toolCmd holds the flags of the perftest-style tools. Names are
+// perftest's (underscores included), with dashed aliases.
+type toolCmd struct {
+	Server string `arg:"" optional:"" help:"The server's host name or IP. Without it, run as the server and wait for one client."`
+
+	Size        byteSize `short:"s" help:"Message size in bytes (K, M suffixes: KiB, MiB). Default: 65536 (BW), 2 (lat), 8 (atomic)."`
+	Iters       int64    `short:"n" help:"Iterations per QP. Default: 5000 (BW), 1000 (lat)."`
+	Duration    seconds  `short:"D" help:"Run for this many seconds (or a Go duration like 500ms) instead of -n."`
+	All         bool     `short:"a" help:"Run sizes 2 to 2^23 bytes."`
+	MTU         int      `short:"m" name:"mtu" default:"4096" help:"Path MTU: 256, 512, 1024, 2048 or 4096."`
+	TxDepth     int      `short:"t" name:"tx-depth" help:"Outstanding send WRs per QP. Default: 128 (BW), 1 (lat)."`
+	RxDepth     int      `short:"r" name:"rx-depth" help:"Receives posted per QP (SEND tests). Default: 512."`
+	CQMod       int      `short:"Q" name:"cq-mod" help:"Request a completion every this many sends (BW). Default: 100."`
+	QPs         int      `short:"q" name:"qp" help:"Number of QPs. Default: 1."`
+	Port        int      `short:"p" name:"port" default:"18515" help:"TCP port of the exchange with the peer."`
+	Inline      int      `short:"I" name:"inline_size" aliases:"inline-size" default:"-1" help:"Max inline data in bytes. Default: 220 (write-lat), 236 (send-lat), else 0."`
+	Atomic      string   `short:"A" name:"atomic_type" aliases:"atomic-type" enum:"FETCH_AND_ADD,CMP_AND_SWAP" default:"FETCH_AND_ADD" help:"atomic-bw: FETCH_AND_ADD or CMP_AND_SWAP."`
+	ReportGbits bool     `name:"report_gbits" aliases:"report-gbits" help:"Report BW in Gb/sec instead of MB/sec."`
+	JSON        bool     `name:"json" help:"Print the results as JSON."`
+	Verify      bool     `help:"Check every byte that arrives against a pattern (client's flag; the server follows)."`
+	File        string   `type:"existingfile" placeholder:"PATH" help:"Move this file's bytes: on the client for write-bw and send-bw, on the server for read-bw."`
+	Out         string   `placeholder:"PATH" help:"Write the received --file bytes here (the receiving side)."`
+	Pcap        string   `placeholder:"FILE" help:"Record every datagram sent and received in a pcap file."`
+	Impair      string   `placeholder:"SPEC" help:"Impair the traffic, e.g. loss=0.01,reorder=0.01,dup=0.005,corrupt=0.001,seed=7."`
+	Bind        string   `placeholder:"IP[:PORT]" help:"RoCEv2 address of this side's device. Default: the IP that reaches the peer; UDP port 4791 on the server, any on the client."`
+	Seed        uint64   `hidden:"" help:"Seed of the --verify pattern (default: random)."`
+}
+
+// demoCmd holds the flags of `softrdma demo`.
+type demoCmd struct {
+	File   string   `type:"existingfile" placeholder:"PATH" help:"File to move (default: this program's binary)."`
+	Size   byteSize `short:"s" default:"65536" help:"Message size in bytes (K, M suffixes)."`
+	Impair string   `placeholder:"SPEC" help:"Impair both NICs' traffic, e.g. loss=0.01,reorder=0.01,seed=7."`
+	Pcap   string   `placeholder:"FILE" help:"Record both NICs' datagrams in a pcap file."`
+}
+
+// options converts the flags of test into runner options.
+func (c *toolCmd) options(test perf.Test) (*perf.Options, error) {
+	if c.Inline < -1 {
+		return nil, fmt.Errorf("--inline_size %d: must be 0 or more", c.Inline)
+	}
+	if c.Atomic != perf.FetchAndAdd && test != perf.AtomicBW {
+		return nil, fmt.Errorf("%s: --atomic_type is for atomic-bw", test)
+	}
+	p := perf.Params{
+		Size: int64(c.Size), Iters: c.Iters, Duration: time.Duration(c.Duration), All: c.All, MTU: c.MTU,
+		TxDepth: c.TxDepth, RxDepth: c.RxDepth, CQMod: c.CQMod, QPs: c.QPs, Inline: c.Inline,
+		Atomic: c.Atomic, Verify: c.Verify, Seed: c.Seed,
+	}
+	if c.Server != "" {
+		// Check the client's parameters before connecting.
+		q := p
+		q.Defaults(test)
+		if err := q.Validate(test); err != nil {
+			return nil, err
+		}
+	}
+	return &perf.Options{
+		Test: test, Params: p, Server: c.Server, Port: c.Port, Bind: c.Bind, File: c.File, Out: c.Out,
+		Pcap: c.Pcap, Impair: c.Impair, JSON: c.JSON, ReportGbits: c.ReportGbits,
+	}, nil
+}
+
+// byteSize is a size in bytes with an optional binary suffix: 4096, 64K,
+// 64KiB, 1M, 1MiB, 1G.
+type byteSize int64
+
+func (b *byteSize) UnmarshalText(text []byte) error {
+	s := strings.TrimSpace(string(text))
+	mult := int64(1)
+	for _, u := range []struct {
+		suffix string
+		mult   int64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"KB", 1 << 10}, {"MB", 1 << 20}, {"GB", 1 << 30},
+		{"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}, {"k", 1 << 10}, {"B", 1}} {
+		if strings.HasSuffix(s, u.suffix) {
+			s, mult = strings.TrimSuffix(s, u.suffix), u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(s, 0, 64)
+	if err != nil || n < 0 || n > (1<<62)/mult {
+		return fmt.Errorf("%q is not a size in bytes", text)
+	}
+	*b = byteSize(n * mult)
+	return nil
+}
+
+// seconds is a duration given as whole seconds (perftest's -D) or as a Go
+// duration.
+type seconds time.Duration
+
+func (d *seconds) UnmarshalText(text []byte) error {
+	s := string(text)
+	if n, err := strconv.ParseUint(s, 10, 32); err == nil {
+		*d = seconds(time.Duration(n) * time.Second)
+		return nil
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil || v < 0 {
+		return fmt.Errorf("%q is not a number of seconds or a duration", s)
+	}
+	*d = seconds(v)
+	return nil
+}

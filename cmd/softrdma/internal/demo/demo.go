@@ -1,0 +1,222 @@
+// Package demo is `softrdma demo`: two emulated hosts in one process, each
+// with its own softrdma NIC on loopback, move a real file by RDMA WRITE,
+// RDMA READ and SEND with the perftest-style tools, and check that every
+// byte arrived.
+package demo
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"github.com/softrdma/softrdma"
+	"github.com/softrdma/softrdma/cmd/softrdma/internal/perf"
+	"github.com/softrdma/softrdma/cmd/softrdma/internal/report"
+	"github.com/softrdma/softrdma/transport/conn"
+	"github.com/softrdma/softrdma/transport/pcaptap"
+)
+
+// Options configure the demo.
+type Options struct {
+	File   string // the file to move; default: this program's binary
+	Size   int64  // message size; default 65536
+	Impair string // conn.ParseImpairment syntax, applied to both NICs
+	Pcap   string // record both NICs' datagrams here
+	Stdout io.Writer
+	Logf   func(format string, args ...any)
+}
+
+// ErrFailed is returned when a transfer did not arrive intact.
+var ErrFailed = errors.New("demo: a transfer failed")
+
+// host addresses: two loopback IPs, so that the capture shows two hosts.
+var hostIPs = [2]string{"127.0.0.1", "127.0.0.2"}
+
+type op struct {
+	test perf.Test
+	name string
+	how  string
+}
+
+var ops = []op{
+	{perf.WriteBW, "RDMA WRITE", "A writes the file into B's memory (WRITE WITH IMM into a ring; B returns credits by SEND)"},
+	{perf.ReadBW, "RDMA READ", "A reads the file out of B's memory (B announces ring slots by SEND)"},
+	{perf.SendBW, "SEND", "A sends the file into receives B posted (B returns credits by SEND)"},
+}
+
+// Run runs the demo. It returns ErrFailed (wrapped) if any transfer did
+// not arrive intact.
+func Run(ctx context.Context, o Options) error {
+	w := o.Stdout
+	if w == nil {
+		w = io.Discard
+	}
+	if o.Size == 0 {
+		o.Size = perf.DefSizeBW
+	}
+	if o.File == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("demo: find this program's binary: %w (use --file)", err)
+		}
+		o.File = exe
+	}
+	size, sum, err := hashFile(o.File)
+	if err != nil {
+		return fmt.Errorf("demo: --file: %w", err)
+	}
+	imp, err := perf.ParseImpair(o.Impair)
+	if err != nil {
+		return err
+	}
+	var tap *pcaptap.Writer
+	if o.Pcap != "" {
+		if tap, err = pcaptap.Create(o.Pcap); err != nil {
+			return fmt.Errorf("demo: --pcap: %w", err)
+		}
+		defer tap.Close()
+	}
+	var devs [2]*softrdma.Device
+	for i := range devs {
+		if devs[i], err = openHost(hostIPs[i], imp, tap, o.Logf); err != nil {
+			return err
+		}
+		defer devs[i].Close()
+	}
+	tmp, err := os.MkdirTemp("", "softrdma-demo-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+
+	fmt.Fprintf(w, "softrdma demo: two emulated RDMA NICs in this process, RoCEv2 over loopback UDP\n")
+	fmt.Fprintf(w, " host A  %-22v client\n", devs[0].LocalAddr())
+	fmt.Fprintf(w, " host B  %-22v server\n", devs[1].LocalAddr())
+	fmt.Fprintf(w, " file    %s, %d bytes, SHA-256 %s\n", o.File, size, sum)
+	if imp != nil {
+		fmt.Fprintf(w, " impair  %s (both NICs)\n", o.Impair)
+	}
+	if o.Pcap != "" {
+		fmt.Fprintf(w, " pcap    %s\n", o.Pcap)
+	}
+	failed := 0
+	for _, op := range ops {
+		fmt.Fprintln(w, report.Line)
+		fmt.Fprintf(w, " %s: %s\n", op.name, op.how)
+		fmt.Fprintln(w, report.BWHeader(report.MBps))
+		out := filepath.Join(tmp, strings.ReplaceAll(op.test.String(), "-", "_")+".out")
+		res, err := transfer(ctx, op.test, o.File, out, o.Size, devs, o.Logf)
+		if res != nil && len(res.Report.BW) > 0 {
+			r := res.Report.BW[0]
+			fmt.Fprintf(w, " %-7d    %-10d       %-7.2f            %-7.2f\t\t   %-7.6f\n",
+				r.Bytes, r.Iterations, r.BWPeak, r.BWAverage, r.MsgRate)
+		}
+		got, gotSum, herr := hashFile(out)
+		receiver := "B"
+		if op.test == perf.ReadBW {
+			receiver = "A"
+		}
+		switch {
+		case err != nil:
+			failed++
+			fmt.Fprintf(w, " FAILED: %v\n", err)
+		case herr != nil:
+			failed++
+			fmt.Fprintf(w, " FAILED: %v\n", herr)
+		case gotSum != sum || got != size:
+			failed++
+			fmt.Fprintf(w, " FAILED: %s received %d bytes with SHA-256 %s\n", receiver, got, gotSum)
+		default:
+			fmt.Fprintf(w, " SHA-256 at %s   %s  ok\n", receiver, gotSum)
+		}
+	}
+	fmt.Fprintln(w, report.Line)
+	printCounters(w, devs)
+	fmt.Fprintln(w, report.Line)
+	if failed > 0 {
+		fmt.Fprintf(w, " FAIL: %d of %d transfers did not arrive intact\n", failed, len(ops))
+		return fmt.Errorf("%w: %d of %d", ErrFailed, failed, len(ops))
+	}
+	fmt.Fprintf(w, " PASS: %d of %d transfers arrived intact\n", len(ops), len(ops))
+	return nil
+}
+
+// openHost opens one emulated NIC on ip, port 4791 if it is free (so that
+// Wireshark decodes the capture as RoCEv2) or else any port. 127.0.0.2
+// falls back to 127.0.0.1 where the loopback has only that address.
+func openHost(ip string, imp *conn.Impairment, tap *pcaptap.Writer, logf func(string, ...any)) (*softrdma.Device, error) {
+	cfg := softrdma.Config{Impair: imp, Logf: logf}
+	if tap != nil {
+		cfg.Tap = tap
+	}
+	var err error
+	for _, a := range []string{ip + ":4791", ip + ":0", hostIPs[0] + ":0"} {
+		cfg.Addr = netip.MustParseAddrPort(a)
+		var dev *softrdma.Device
+		if dev, err = softrdma.Open(cfg); err == nil {
+			return dev, nil
+		}
+	}
+	return nil, fmt.Errorf("demo: open NIC on %s: %w", ip, err)
+}
+
+// transfer moves file with test: host B serves, host A is the client. The
+// receiving side writes the bytes to out. It returns the client's result.
+func transfer(ctx context.Context, test perf.Test, file, out string, size int64, devs [2]*softrdma.Device,
+	logf func(string, ...any)) (*perf.Result, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	srv := &perf.Options{Test: test, Listener: ln, Device: devs[1], Logf: logf}
+	cli := &perf.Options{Test: test, Server: "127.0.0.1", Port: ln.Addr().(*net.TCPAddr).Port, Device: devs[0],
+		Params: perf.Params{Size: size}, Logf: logf}
+	if test == perf.ReadBW {
+		srv.File, cli.Out = file, out
+	} else {
+		cli.File, srv.Out = file, out
+	}
+	var wg sync.WaitGroup
+	var serr error
+	wg.Go(func() { _, serr = perf.Run(ctx, srv) })
+	res, cerr := perf.Run(ctx, cli)
+	if cerr != nil {
+		ln.Close() // the server may still wait for a connection
+	}
+	wg.Wait()
+	return res, errors.Join(cerr, serr)
+}
+
+func hashFile(path string) (int64, string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	n, err := io.Copy(h, f)
+	if err != nil {
+		return 0, "", err
+	}
+	return n, hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// printCounters prints the hw_counters that are not zero on either NIC.
+func printCounters(w io.Writer, devs [2]*softrdma.Device) {
+	a, b := devs[0].Counters().Snapshot(), devs[1].Counters().Snapshot()
+	fmt.Fprintf(w, " %-28s %14s %14s\n", "hw_counters (non-zero)", "host A", "host B")
+	for i := range a {
+		if a[i].Value != 0 || b[i].Value != 0 {
+			fmt.Fprintf(w, " %-28s %14d %14d\n", a[i].Name, a[i].Value, b[i].Value)
+		}
+	}
+}

@@ -1,0 +1,353 @@
+package perf
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/softrdma/softrdma/cmd/softrdma/internal/exchange"
+	"github.com/softrdma/softrdma/cmd/softrdma/internal/report"
+)
+
+// pairRun is the outcome of one server and one client run in-process.
+type pairRun struct {
+	srv, cli       *Result
+	srvErr, cliErr error
+	srvOut, cliOut string
+}
+
+// runPair runs test's server and client in this process over loopback:
+// the server listens on a port of the test's choosing (its listener being
+// up is its readiness), both devices bind 127.0.0.1 on ephemeral ports.
+func runPair(t *testing.T, test Test, srv, cli Options) pairRun {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv.Test, cli.Test = test, test
+	srv.Listener = ln
+	cli.Server, cli.Port = "127.0.0.1", ln.Addr().(*net.TCPAddr).Port
+	for _, o := range []*Options{&srv, &cli} {
+		if o.Bind == "" {
+			o.Bind = "127.0.0.1:0"
+		}
+		o.Logf = t.Logf
+	}
+	var sout, cout bytes.Buffer
+	srv.Stdout, cli.Stdout = &sout, &cout
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var r pairRun
+	var wg sync.WaitGroup
+	wg.Go(func() { r.srv, r.srvErr = Run(ctx, &srv) })
+	r.cli, r.cliErr = Run(ctx, &cli)
+	if r.cliErr != nil {
+		ln.Close() // the client may have failed before connecting
+	}
+	wg.Wait()
+	r.srvOut, r.cliOut = sout.String(), cout.String()
+	if t.Failed() || r.srvErr != nil || r.cliErr != nil {
+		t.Logf("server output:\n%s\nclient output:\n%s", r.srvOut, r.cliOut)
+	}
+	return r
+}
+
+func requireOK(t *testing.T, r pairRun) {
+	t.Helper()
+	require.NoError(t, r.cliErr, "client")
+	require.NoError(t, r.srvErr, "server")
+}
+
+func TestToolsVerify(t *testing.T) {
+	for _, tc := range []struct {
+		test Test
+		p    Params
+	}{
+		{WriteBW, Params{Iters: 50, Size: 10000}},
+		{ReadBW, Params{Iters: 50, Size: 10000, TxDepth: 16, QPs: 2}},
+		{SendBW, Params{Iters: 50, Size: 10000}},
+		{AtomicBW, Params{Iters: 50, QPs: 2}},
+		{AtomicBW, Params{Iters: 50, Atomic: CmpAndSwap}},
+		{WriteLat, Params{Iters: 20, Size: 5000}},
+		{ReadLat, Params{Iters: 20, Size: 5000}},
+		{SendLat, Params{Iters: 20, Size: 5000}},
+	} {
+		t.Run(tc.test.String()+"/"+tc.p.Atomic, func(t *testing.T) {
+			tc.p.Verify = true
+			r := runPair(t, tc.test, Options{}, Options{Params: tc.p})
+			requireOK(t, r)
+			for _, res := range []*Result{r.cli, r.srv} {
+				j := res.Report
+				assert.True(t, j.Verified)
+				assert.Equal(t, tc.test.String(), j.Tool)
+				if tc.test.IsLat() {
+					require.Len(t, j.Lat, 1)
+					assert.Equal(t, tc.p.Iters, j.Lat[0].Iterations)
+					assert.Positive(t, j.Lat[0].Typical)
+				} else {
+					require.Len(t, j.BW, 1)
+					qps := int64(max(tc.p.QPs, 1))
+					assert.Equal(t, tc.p.Iters*qps, j.BW[0].Iterations)
+					assert.Positive(t, j.BW[0].BWAverage)
+				}
+				assert.NotZero(t, j.Counters["sent_pkts"])
+			}
+			atomic := tc.p.Atomic
+			if atomic == "" {
+				atomic = FetchAndAdd
+			}
+			for _, out := range []string{r.cliOut, r.srvOut} {
+				assert.Contains(t, out, tc.test.title(atomic))
+				assert.Contains(t, out, "Verify          : every byte matched")
+			}
+		})
+	}
+}
+
+func TestToolsWithoutVerify(t *testing.T) {
+	for _, tc := range []struct {
+		test Test
+		p    Params
+	}{
+		{WriteBW, Params{Iters: 200, QPs: 3, CQMod: 7, TxDepth: 20}},
+		{ReadBW, Params{Iters: 100}},
+		{SendBW, Params{Iters: 300, Size: 1000, QPs: 2, RxDepth: 64}},
+		{AtomicBW, Params{Iters: 100}},
+		{WriteLat, Params{Iters: 300}}, // 300 > 255: the polled byte wraps
+		{SendLat, Params{Iters: 50, Size: 64}},
+	} {
+		t.Run(tc.test.String(), func(t *testing.T) {
+			tc.p.Inline = -1
+			r := runPair(t, tc.test, Options{}, Options{Params: tc.p})
+			requireOK(t, r)
+			assert.False(t, r.cli.Report.Verified)
+			header := report.BWHeader(report.MBps)
+			if tc.test.IsLat() {
+				header = report.LatHeader
+			}
+			assert.Contains(t, r.cliOut, header)
+			assert.Contains(t, r.srvOut, header)
+		})
+	}
+}
+
+func TestAllSizesWithVerify(t *testing.T) {
+	r := runPair(t, SendBW, Options{}, Options{Params: Params{Iters: 5, All: true, Verify: true}})
+	requireOK(t, r)
+	require.Len(t, r.cli.Report.BW, 23)
+	for i, row := range r.cli.Report.BW {
+		assert.Equal(t, int64(2)<<i, row.Bytes)
+		assert.Equal(t, int64(5), row.Iterations)
+	}
+	// Every row is printed on both sides.
+	for _, out := range []string{r.cliOut, r.srvOut} {
+		assert.Len(t, regexp.MustCompile(`(?m)^ \d+ +5 +`).FindAllString(out, -1), 23)
+	}
+}
+
+func TestDuration(t *testing.T) {
+	for _, tc := range []struct {
+		test Test
+		p    Params
+	}{
+		{WriteBW, Params{Size: 4096}},
+		{SendBW, Params{Size: 4096}},                // the server learns the count at the end
+		{WriteBW, Params{Size: 4096, Verify: true}}, // a stream ended by the client
+		{WriteLat, Params{}},                        // the server stops when told
+		{SendLat, Params{Verify: true}},
+		{ReadLat, Params{}},
+	} {
+		t.Run(tc.test.String(), func(t *testing.T) {
+			tc.p.Duration = 200 * time.Millisecond
+			r := runPair(t, tc.test, Options{}, Options{Params: tc.p})
+			requireOK(t, r)
+			if tc.test.IsLat() {
+				require.Len(t, r.cli.Report.Lat, 1)
+				assert.Positive(t, r.cli.Report.Lat[0].Iterations)
+				assert.Equal(t, r.cli.Report.Lat[0].Iterations, r.srv.Report.Lat[0].Iterations)
+			} else {
+				require.Len(t, r.cli.Report.BW, 1)
+				assert.Positive(t, r.cli.Report.BW[0].Iterations)
+				assert.Equal(t, r.cli.Report.BW[0].Iterations, r.srv.Report.BW[0].Iterations)
+			}
+		})
+	}
+}
+
+func writeTestFile(t *testing.T, n int) (path, sum string) {
+	t.Helper()
+	b := make([]byte, n)
+	fillPattern(b, 99, 0)
+	path = filepath.Join(t.TempDir(), "in.bin")
+	require.NoError(t, os.WriteFile(path, b, 0o600))
+	s := sha256.Sum256(b)
+	return path, hex.EncodeToString(s[:])
+}
+
+func TestFileTransfers(t *testing.T) {
+	// A size that is not a multiple of the message size, through a ring
+	// much smaller than the file (-s 8K -t 4: 4 slots of 8 KiB).
+	in, sum := writeTestFile(t, 300_001)
+	for _, test := range []Test{WriteBW, ReadBW, SendBW} {
+		t.Run(test.String(), func(t *testing.T) {
+			out := filepath.Join(t.TempDir(), "out.bin")
+			var srv, cli Options
+			cli.Params = Params{Size: 8 << 10, TxDepth: 4}
+			if test == ReadBW {
+				srv.File, cli.Out = in, out
+			} else {
+				cli.File, srv.Out = in, out
+			}
+			r := runPair(t, test, srv, cli)
+			requireOK(t, r)
+			got, err := os.ReadFile(out)
+			require.NoError(t, err)
+			s := sha256.Sum256(got)
+			assert.Equal(t, sum, hex.EncodeToString(s[:]))
+			for _, res := range []*Result{r.srv, r.cli} {
+				require.NotNil(t, res.Report.File)
+				assert.Equal(t, sum, res.Report.File.SHA256)
+				assert.Equal(t, sum, res.Report.File.Peer)
+				assert.True(t, res.Report.File.Match)
+				assert.Equal(t, int64(300_001), res.Report.File.Bytes)
+			}
+			assert.Equal(t, int64(37), r.cli.Report.BW[0].Iterations) // ceil(300001 / 8192)
+			recv := r.srvOut
+			if test == ReadBW {
+				recv = r.cliOut
+			}
+			assert.Contains(t, recv, "SHA-256 "+sum+" (matches the sender's)")
+		})
+	}
+}
+
+func TestEmptyFile(t *testing.T) {
+	in, sum := writeTestFile(t, 0)
+	out := filepath.Join(t.TempDir(), "out.bin")
+	r := runPair(t, WriteBW, Options{Out: out}, Options{File: in})
+	requireOK(t, r)
+	assert.Equal(t, sum, r.srv.Report.File.SHA256)
+	st, err := os.Stat(out)
+	require.NoError(t, err)
+	assert.Zero(t, st.Size())
+}
+
+func TestMismatchFailsBothSides(t *testing.T) {
+	corruptAt := func(k0 int64, off int) func(int64, []byte) {
+		return func(k int64, data []byte) {
+			if k == k0 {
+				data[off] ^= 0x40
+			}
+		}
+	}
+	t.Run("verify", func(t *testing.T) {
+		testCorrupt = corruptAt(3, 123)
+		defer func() { testCorrupt = nil }()
+		r := runPair(t, WriteBW, Options{}, Options{Params: Params{Iters: 20, Size: 1000, Verify: true}})
+		require.ErrorIs(t, r.srvErr, ErrMismatch)
+		var me *MismatchError
+		require.ErrorAs(t, r.srvErr, &me)
+		assert.Equal(t, int64(123), me.Offset)
+		assert.Equal(t, int64(3), me.Message)
+		var pe *exchange.PeerError
+		require.ErrorAs(t, r.cliErr, &pe)
+		assert.Contains(t, pe.Reason, "message 3 differs at byte offset 123")
+		assert.Contains(t, r.srv.Report.Error, "byte offset 123")
+	})
+	t.Run("file", func(t *testing.T) {
+		in, _ := writeTestFile(t, 50_000)
+		testCorrupt = corruptAt(2, 7)
+		defer func() { testCorrupt = nil }()
+		r := runPair(t, ReadBW, Options{File: in}, Options{Params: Params{Size: 4096}})
+		require.ErrorIs(t, r.cliErr, ErrMismatch)
+		var pe *exchange.PeerError
+		require.ErrorAs(t, r.srvErr, &pe)
+		assert.Contains(t, pe.Reason, "SHA-256")
+		assert.False(t, r.cli.Report.File.Match)
+	})
+}
+
+func TestJSONOutput(t *testing.T) {
+	r := runPair(t, WriteBW, Options{JSON: true}, Options{JSON: true, ReportGbits: true, Params: Params{Iters: 20}})
+	requireOK(t, r)
+	for _, out := range []string{r.cliOut, r.srvOut} {
+		var j report.JSON
+		require.NoError(t, json.Unmarshal([]byte(out), &j), out)
+		require.Len(t, j.BW, 1)
+		assert.Equal(t, int64(65536), j.BW[0].Bytes)
+		assert.Equal(t, 4096, j.MTU)
+	}
+	assert.Contains(t, r.cliOut, `"unit": "Gb/sec"`)
+	assert.Contains(t, r.srvOut, `"side": "server"`)
+}
+
+func TestMismatchedTools(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := Options{Test: ReadBW, Listener: ln, Bind: "127.0.0.1:0"}
+	cli := Options{Test: WriteBW, Server: "127.0.0.1", Port: ln.Addr().(*net.TCPAddr).Port, Bind: "127.0.0.1:0"}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var serr error
+	var wg sync.WaitGroup
+	wg.Go(func() { _, serr = Run(ctx, &srv) })
+	_, cerr := Run(ctx, &cli)
+	wg.Wait()
+	assert.ErrorContains(t, serr, "the client runs write-bw, this side read-bw")
+	var pe *exchange.PeerError
+	require.ErrorAs(t, cerr, &pe)
+	assert.Contains(t, pe.Reason, "the client runs write-bw")
+}
+
+func TestFileFlagsOnTheWrongSide(t *testing.T) {
+	in, _ := writeTestFile(t, 10)
+	for _, tc := range []struct {
+		o    Options
+		want string
+	}{
+		{Options{Test: WriteBW, File: in}, "--file goes on the client"},
+		{Options{Test: ReadBW, Server: "x", File: in}, "--file goes on the server"},
+		{Options{Test: WriteBW, Server: "x", Out: "o"}, "--out goes on the server"},
+		{Options{Test: WriteLat, Server: "x", File: in}, "for the BW tools"},
+		{Options{Test: AtomicBW, Server: "x", File: in}, "do not apply"},
+		{Options{Test: WriteBW, Server: "x", Impair: "loss=7"}, "--impair"},
+		{Options{Test: WriteBW, Server: "x", Bind: "0.0.0.0"}, "specific IP"},
+	} {
+		_, err := Run(context.Background(), &tc.o)
+		assert.ErrorContains(t, err, tc.want)
+	}
+}
+
+func TestPeerGoneCancels(t *testing.T) {
+	// A client that connects and says nothing, then leaves: the server
+	// must not hang.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := Options{Test: WriteBW, Listener: ln, Bind: "127.0.0.1:0"}
+	done := make(chan error, 1)
+	go func() {
+		_, err := Run(context.Background(), &srv)
+		done <- err
+	}()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	c.Close()
+	select {
+	case err := <-done:
+		assert.True(t, err != nil && !errors.Is(err, context.Canceled), "%v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("server did not notice its client left")
+	}
+}

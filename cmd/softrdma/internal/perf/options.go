@@ -1,0 +1,378 @@
+// Package perf runs the perftest-style tools of cmd/softrdma (write-bw,
+// write-lat, read-bw, read-lat, send-bw, send-lat, atomic-bw) over the
+// softrdma verbs API: a server waits for one client on TCP, the two agree
+// on the test and exchange their QPs' addresses, keys and PSNs, run it over
+// RoCEv2 and report in perftest's format.
+//
+// The semantics follow linux-rdma/perftest: BW tools keep tx-depth work
+// requests outstanding with a completion every cq-mod of them; write-lat
+// is a ping-pong in which each side writes into the other's buffer and
+// polls its own memory for the last byte; read-lat times one READ round
+// trip; send-lat is a SEND/RECV ping-pong. See docs/cli.md for what
+// --verify and --file add.
+package perf
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/softrdma/softrdma"
+	"github.com/softrdma/softrdma/transport/conn"
+)
+
+// Test is one of the tools.
+type Test uint8
+
+// Tests.
+const (
+	WriteBW Test = iota + 1
+	WriteLat
+	ReadBW
+	ReadLat
+	SendBW
+	SendLat
+	AtomicBW
+)
+
+type verb uint8
+
+// Verbs, in perftest's testsStr order.
+const (
+	verbSend verb = iota
+	verbWrite
+	verbRead
+	verbAtomic
+)
+
+var verbTitles = [...]string{"Send", "RDMA_Write", "RDMA_Read", "Atomic"}
+
+var testInfo = [...]struct {
+	name string
+	verb verb
+	lat  bool
+}{
+	WriteBW:  {"write-bw", verbWrite, false},
+	WriteLat: {"write-lat", verbWrite, true},
+	ReadBW:   {"read-bw", verbRead, false},
+	ReadLat:  {"read-lat", verbRead, true},
+	SendBW:   {"send-bw", verbSend, false},
+	SendLat:  {"send-lat", verbSend, true},
+	AtomicBW: {"atomic-bw", verbAtomic, false},
+}
+
+func (t Test) valid() bool { return t >= WriteBW && t <= AtomicBW }
+
+func (t Test) String() string {
+	if t.valid() {
+		return testInfo[t].name
+	}
+	return fmt.Sprintf("Test(%d)", uint8(t))
+}
+
+// ParseTest returns the test named name ("write-bw", ...).
+func ParseTest(name string) (Test, error) {
+	for t := WriteBW; t <= AtomicBW; t++ {
+		if testInfo[t].name == name {
+			return t, nil
+		}
+	}
+	return 0, fmt.Errorf("unknown test %q", name)
+}
+
+func (t Test) verb() verb { return testInfo[t].verb }
+
+// IsLat reports whether t is a latency test.
+func (t Test) IsLat() bool { return testInfo[t].lat }
+
+// title is perftest's banner title, e.g. "RDMA_Write BW Test".
+func (t Test) title(atomic string) string {
+	s := verbTitles[t.verb()] + " "
+	if t.verb() == verbAtomic {
+		s += atomic + " "
+	}
+	if t.IsLat() {
+		return s + "Latency Test"
+	}
+	return s + "BW Test"
+}
+
+// fileFromServer reports whether --file belongs on the server: the side
+// whose bytes move. READ moves the server's bytes to the client; WRITE and
+// SEND move the client's to the server.
+func (t Test) fileFromServer() bool { return t.verb() == verbRead }
+
+// Atomic operations (perftest's -A).
+const (
+	FetchAndAdd = "FETCH_AND_ADD"
+	CmpAndSwap  = "CMP_AND_SWAP"
+)
+
+// Defaults and limits, perftest's (perftest_parameters.h).
+const (
+	DefSizeBW      = 65536
+	DefSizeLat     = 2
+	DefSizeAtomic  = 8
+	DefIters       = 1000
+	DefItersWB     = 5000 // write-bw, read-bw, send-bw, atomic-bw
+	DefTxBW        = 128
+	DefTxLat       = 1
+	DefRxSend      = 512
+	DefCQMod       = 100
+	DefInlineWrite = 220     // perftest's DEF_INLINE_WRITE
+	DefInlineSend  = 236     // perftest's DEF_INLINE_SEND_RC_UC
+	MaxSize        = 1 << 23 // 8 MiB, the largest size of -a
+	MinIters       = 5
+	MaxIters       = 100_000_000
+	MaxTx          = 15000
+	MaxQPs         = 16384
+	MaxCQMod       = 1024
+)
+
+// DefServerPort is the server's RoCEv2 UDP port when --bind gives none.
+const DefServerPort = 4791
+
+// StreamBuffer bounds the registered ring a --file or --verify stream
+// uses (slots × size), so that large files move through pinned memory of
+// a fixed size.
+const StreamBuffer = 4 << 20
+
+// Params are the test parameters. The client's are authoritative: it sends
+// them in its hello and the server adopts them, so the server needs no
+// flags but the ones about itself (-p, --bind, --out, --pcap, ...).
+type Params struct {
+	Test     string        `json:"test"`
+	Size     int64         `json:"size"`     // message size in bytes
+	Iters    int64         `json:"iters"`    // per QP; ignored with Duration
+	Duration time.Duration `json:"duration"` // run for this long instead of Iters
+	All      bool          `json:"all"`      // sizes 2 to 2^23
+	MTU      int           `json:"mtu"`      // path MTU, bytes
+	TxDepth  int           `json:"tx_depth"`
+	RxDepth  int           `json:"rx_depth"` // SEND tests: receives posted
+	CQMod    int           `json:"cq_mod"`   // BW: a completion every CQMod sends
+	QPs      int           `json:"qps"`
+	Inline   int           `json:"inline"` // max inline data; sends up to this size go inline; -1: perftest's default
+	Atomic   string        `json:"atomic"` // FetchAndAdd or CmpAndSwap
+	Verify   bool          `json:"verify"`
+	Seed     uint64        `json:"seed"` // of the --verify pattern
+	// FileSize is the size of the client's --file (write-bw, send-bw);
+	// -1 when none.
+	FileSize int64 `json:"file_size"`
+}
+
+// Sizes returns the message sizes to run: 2 to 2^23 with All, else Size.
+func (p *Params) Sizes() []int64 {
+	if !p.All {
+		return []int64{p.Size}
+	}
+	var s []int64
+	for n := int64(2); n <= MaxSize; n *= 2 {
+		s = append(s, n)
+	}
+	return s
+}
+
+// Options configure one run of a tool.
+type Options struct {
+	Test   Test
+	Params Params
+
+	// Server is the server's host name or IP (a client); "" runs the
+	// server.
+	Server string
+	// Port is the TCP port of the exchange (perftest's -p, 18515); 0
+	// lets a server pick one (see Ready).
+	Port int
+	// Bind is the RoCEv2 device's address: "IP" or "IP:port". The default
+	// is the IP of the TCP connection (the one that reaches the peer) and
+	// port 4791 for a server (an ephemeral port if 4791 is taken), an
+	// ephemeral port for a client.
+	Bind string
+	// File is the file whose bytes move: the client's for write-bw and
+	// send-bw, the server's for read-bw.
+	File string
+	// Out is where the receiving side writes the bytes of File.
+	Out string
+	// Pcap, if set, records every datagram the device sends and receives.
+	Pcap string
+	// Impair injects loss, reordering, ... (conn.ParseImpairment syntax).
+	Impair string
+	// JSON prints the results as JSON instead of text.
+	JSON bool
+	// ReportGbits prints BW in Gb/sec instead of MB/sec.
+	ReportGbits bool
+
+	// Device, if set, is used instead of opening one (the demo's two
+	// emulated hosts); Bind, Pcap and Impair are then ignored.
+	Device *softrdma.Device
+	// Listener, if set, is the server's TCP listener (Port is ignored).
+	Listener net.Listener
+	// Ready is called by a server once its TCP listener accepts
+	// connections, with its address.
+	Ready func(addr net.Addr)
+	// Stdout receives the report; Logf, if set, notices (e.g. a fallback
+	// port).
+	Stdout io.Writer
+	Logf   func(format string, args ...any)
+}
+
+// Defaults fills the zero fields of p with perftest's defaults for t.
+func (p *Params) Defaults(t Test) {
+	p.Test = t.String()
+	if p.Size == 0 {
+		switch {
+		case t.verb() == verbAtomic:
+			p.Size = DefSizeAtomic
+		case t.IsLat():
+			p.Size = DefSizeLat
+		default:
+			p.Size = DefSizeBW
+		}
+	}
+	if p.Iters == 0 {
+		if t.IsLat() {
+			p.Iters = DefIters
+		} else {
+			p.Iters = DefItersWB
+		}
+	}
+	if p.MTU == 0 {
+		p.MTU = 4096
+	}
+	if p.TxDepth == 0 {
+		if t.IsLat() {
+			p.TxDepth = DefTxLat
+		} else {
+			p.TxDepth = DefTxBW
+		}
+	}
+	if p.RxDepth == 0 {
+		p.RxDepth = DefRxSend
+	}
+	if p.CQMod == 0 {
+		p.CQMod = DefCQMod
+	}
+	// perftest: cq_mod cannot exceed tx_depth, or no completion would ever
+	// free the send queue.
+	p.CQMod = min(p.CQMod, p.TxDepth)
+	if p.QPs == 0 {
+		p.QPs = 1
+	}
+	if p.Inline < 0 {
+		// perftest's ctx_set_max_inline: inline by default for the
+		// latency tests only.
+		switch t {
+		case WriteLat:
+			p.Inline = DefInlineWrite
+		case SendLat:
+			p.Inline = DefInlineSend
+		default:
+			p.Inline = 0
+		}
+	}
+	if p.Atomic == "" {
+		p.Atomic = FetchAndAdd
+	}
+	if p.FileSize == 0 {
+		p.FileSize = -1
+	}
+}
+
+// Validate checks p for test t (after Defaults).
+func (p *Params) Validate(t Test) error {
+	if !t.valid() {
+		return fmt.Errorf("unknown test %d", t)
+	}
+	if p.Test != t.String() {
+		return fmt.Errorf("the client runs %s, this side %s", p.Test, t)
+	}
+	switch {
+	case p.Size < 1 || p.Size > 1<<31:
+		return fmt.Errorf("size %d: must be 1 to 2^31 bytes", p.Size)
+	case t.verb() == verbAtomic && p.Size != 8:
+		return fmt.Errorf("atomic-bw: size must be 8 (got %d)", p.Size)
+	case t.verb() == verbAtomic && p.All:
+		return errors.New("atomic-bw: --all does not apply (atomics are 8 bytes)")
+	case p.Duration == 0 && (p.Iters < MinIters || p.Iters > MaxIters):
+		return fmt.Errorf("iterations %d: must be %d to %d", p.Iters, MinIters, MaxIters)
+	case p.Duration < 0:
+		return fmt.Errorf("duration %v: must be positive", p.Duration)
+	case softrdma.MTU(0) == mtuCode(p.MTU):
+		return fmt.Errorf("MTU %d: must be 256, 512, 1024, 2048 or 4096", p.MTU)
+	case p.TxDepth < 1 || p.TxDepth > MaxTx:
+		return fmt.Errorf("tx-depth %d: must be 1 to %d", p.TxDepth, MaxTx)
+	case p.RxDepth < 1 || p.RxDepth > MaxTx:
+		return fmt.Errorf("rx-depth %d: must be 1 to %d", p.RxDepth, MaxTx)
+	case p.CQMod < 1 || p.CQMod > MaxCQMod:
+		return fmt.Errorf("cq-mod %d: must be 1 to %d", p.CQMod, MaxCQMod)
+	case p.QPs < 1 || p.QPs > MaxQPs:
+		return fmt.Errorf("qp %d: must be 1 to %d", p.QPs, MaxQPs)
+	case t.IsLat() && p.QPs != 1:
+		return fmt.Errorf("%s: latency tests use one QP (-q 1)", t)
+	case p.Inline < 0 || p.Inline > 1024:
+		return fmt.Errorf("inline %d: must be 0 to 1024", p.Inline)
+	case p.Atomic != FetchAndAdd && p.Atomic != CmpAndSwap:
+		return fmt.Errorf("atomic type %q: must be %s or %s", p.Atomic, FetchAndAdd, CmpAndSwap)
+	}
+	if p.QPs != 1 && (p.FileSize >= 0 || p.Verify && (t == WriteBW || t == SendBW)) {
+		return fmt.Errorf("%s: --file and --verify stream over one QP (-q 1)", t)
+	}
+	if p.FileSize >= 0 && p.All {
+		return errors.New("--file and --all cannot be combined (the file decides the message count)")
+	}
+	return nil
+}
+
+func mtuCode(bytes int) softrdma.MTU {
+	for m := softrdma.MTU256; m <= softrdma.MTU4096; m++ {
+		if m.Bytes() == bytes {
+			return m
+		}
+	}
+	return 0
+}
+
+// ParseBind parses --bind: "IP" or "IP:port" (IPv6 as "[IP]:port").
+// It reports whether a port was given.
+func ParseBind(s string) (ap netip.AddrPort, hasPort bool, err error) {
+	if s == "" {
+		return netip.AddrPort{}, false, nil
+	}
+	if a, err := netip.ParseAddr(strings.Trim(s, "[]")); err == nil {
+		return netip.AddrPortFrom(a.Unmap(), 0), false, checkBindIP(a)
+	}
+	host, port, err := net.SplitHostPort(s)
+	if err != nil {
+		return netip.AddrPort{}, false, fmt.Errorf("--bind %q: want IP or IP:port", s)
+	}
+	a, err := netip.ParseAddr(host)
+	if err != nil {
+		return netip.AddrPort{}, false, fmt.Errorf("--bind %q: %q is not an IP address", s, host)
+	}
+	n, err := strconv.ParseUint(port, 10, 16)
+	if err != nil {
+		return netip.AddrPort{}, false, fmt.Errorf("--bind %q: bad port %q", s, port)
+	}
+	return netip.AddrPortFrom(a.Unmap(), uint16(n)), true, checkBindIP(a)
+}
+
+func checkBindIP(a netip.Addr) error {
+	if a.IsUnspecified() {
+		return fmt.Errorf("--bind %v: the RoCE device needs a specific IP (it is the device's GID)", a)
+	}
+	return nil
+}
+
+// ParseImpair parses --impair (conn.ParseImpairment).
+func ParseImpair(s string) (*conn.Impairment, error) {
+	imp, err := conn.ParseImpairment(s)
+	if err != nil {
+		return nil, fmt.Errorf("--impair: %w", err)
+	}
+	return imp, nil
+}

@@ -1,0 +1,119 @@
+package perf
+
+import (
+	"fmt"
+	"io"
+
+	"github.com/softrdma/softrdma/cmd/softrdma/internal/report"
+)
+
+// printBanner prints perftest's test description, the QPs' addresses and
+// the results header.
+func (s *session) printBanner(w io.Writer) {
+	b := report.Banner{
+		Title:    s.test.title(s.p.Atomic),
+		Device:   fmt.Sprintf("softrdma %v", s.dev.LocalAddr()),
+		QPs:      s.p.QPs,
+		MTU:      s.p.MTU,
+		Inline:   s.p.Inline,
+		Exchange: s.xch.Name(),
+	}
+	if !s.server || s.test.IsLat() {
+		b.TxDepth = s.p.TxDepth
+	}
+	if s.test.verb() == verbSend && s.server {
+		b.RxDepth = s.p.RxDepth
+	}
+	if !s.test.IsLat() {
+		b.CQMod = s.p.CQMod
+	}
+	if v := s.test.verb(); v == verbRead || v == verbAtomic {
+		b.OutReads = 16 // softrdma.ConnectOptions' default max_rd_atomic
+	}
+	b.Print(w)
+	local := s.localInfos()
+	for i := range local {
+		l, r := &local[i], &s.remote[i]
+		fmt.Fprintln(w, report.FormatAddress("local", report.Address{Addr: l.Addr(), QPN: l.QPN, PSN: l.PSN, RKey: l.RKey, VAddr: l.VAddr}))
+		fmt.Fprintln(w, report.FormatAddress("remote", report.Address{Addr: r.Addr(), QPN: r.QPN, PSN: r.PSN, RKey: r.RKey, VAddr: r.VAddr}))
+	}
+	fmt.Fprintln(w, report.Line)
+	if s.test.IsLat() {
+		fmt.Fprintln(w, report.LatHeader)
+	} else {
+		fmt.Fprintln(w, report.BWHeader(s.unit))
+	}
+}
+
+// addRow prints and records one round's result: this side's measurement,
+// or the client's where the server only served (write-bw, read-bw,
+// atomic-bw, read-lat), so that both sides show the run's numbers.
+func (s *session) addRow(w io.Writer, text bool, mine, peer *roundResult) {
+	if s.test.IsLat() {
+		r := mine.Lat
+		if r == nil {
+			r = peer.Lat
+		}
+		if r == nil {
+			return
+		}
+		s.json.Lat = append(s.json.Lat, report.LatRow(*r))
+		if text {
+			fmt.Fprintln(w, report.FormatLat(*r))
+		}
+		return
+	}
+	r := mine.BW
+	if r == nil {
+		r = peer.BW
+	}
+	if r == nil {
+		return
+	}
+	s.json.BW = append(s.json.BW, report.BWRow(*r, s.unit))
+	if text {
+		fmt.Fprintln(w, report.FormatBW(*r, s.unit))
+	}
+}
+
+// reportFile prints what happened to the --file bytes.
+func (s *session) reportFile(w io.Writer, text bool, mine, peer *roundResult) {
+	f := &report.FileJSON{Bytes: mine.Bytes, SHA256: mine.SHA256, Peer: peer.SHA256,
+		Match: mine.SHA256 == peer.SHA256 && mine.Bytes == peer.Bytes}
+	sender := s.server == s.test.fileFromServer()
+	if sender {
+		f.Path = s.o.File
+	} else {
+		f.Path = s.o.Out
+	}
+	s.json.File = f
+	if !text {
+		return
+	}
+	verdict := "the receiver's SHA-256 matches"
+	if !sender {
+		verdict = "matches the sender's"
+	}
+	if !f.Match {
+		verdict = "MISMATCH with the peer's " + peer.SHA256
+	}
+	if sender {
+		fmt.Fprintf(w, " Sent            : %s, %d bytes, SHA-256 %s (%s)\n", s.o.File, f.Bytes, f.SHA256, verdict)
+		return
+	}
+	fmt.Fprintf(w, " Received        : %d bytes, SHA-256 %s (%s)\n", f.Bytes, f.SHA256, verdict)
+	if s.o.Out != "" {
+		fmt.Fprintf(w, " Written to      : %s\n", s.o.Out)
+	}
+}
+
+// nonZeroCounters returns the device's hw_counters that are not zero.
+func nonZeroCounters(s *session) map[string]uint64 {
+	m := map[string]uint64{}
+	for _, c := range s.dev.Counters().Snapshot() {
+		if c.Value != 0 {
+			m[c.Name] = c.Value
+		}
+	}
+	return m
+}

@@ -1,0 +1,129 @@
+package perf
+
+import (
+	"context"
+	"runtime"
+	"time"
+
+	"github.com/softrdma/softrdma"
+)
+
+// Work request IDs carry what a completion is for: a kind, the QP's index
+// and the message's index.
+const (
+	kindData   uint64 = iota // a data message (WRITE, READ, SEND, atomic)
+	kindCredit               // a stream credit or notification SEND
+	kindRecv                 // a receive
+	kindEOS                  // a stream's end-of-stream message
+)
+
+const (
+	wridIdxBits = 40
+	wridQPBits  = 20
+)
+
+func wrid(kind uint64, qp int, idx int64) uint64 {
+	return kind<<(wridIdxBits+wridQPBits) | uint64(qp)<<wridIdxBits | uint64(idx)&(1<<wridIdxBits-1)
+}
+
+func wridKind(w uint64) uint64 { return w >> (wridIdxBits + wridQPBits) }
+func wridQP(w uint64) int      { return int(w >> wridIdxBits & (1<<wridQPBits - 1)) }
+func wridIdx(w uint64) int64   { return int64(w & (1<<wridIdxBits - 1)) }
+
+// poller polls a CQ into a reusable array.
+type poller struct {
+	cq  *softrdma.CQ
+	wcs []softrdma.WC
+}
+
+func newPoller(cq *softrdma.CQ) *poller { return &poller{cq: cq, wcs: make([]softrdma.WC, 64)} }
+
+// poll returns the completions queued; with block it waits for at least
+// one (ibv_req_notify_cq + ibv_get_cq_event).
+func (p *poller) poll(ctx context.Context, block bool) ([]softrdma.WC, error) {
+	n, err := p.cq.Poll(p.wcs)
+	if n > 0 || err != nil || !block {
+		return p.wcs[:n], err
+	}
+	n, err = p.cq.Wait(ctx, p.wcs)
+	return p.wcs[:n], err
+}
+
+// spinFor is how long the latency tools busy-poll before they block. A
+// NIC in software needs the CPU that a poller spins on: on a machine with
+// few cores, a poller that never blocks delays the packet it waits for by
+// a scheduler time slice (milliseconds), so the tools spin for about one
+// loopback round trip and then block (perftest spins without limit, which
+// suits a hardware NIC).
+const spinFor = 50 * time.Microsecond
+
+// spin busy-polls for up to spinFor, yielding the processor between
+// polls, then waits for a completion.
+func (p *poller) spin(ctx context.Context) ([]softrdma.WC, error) {
+	var start time.Time
+	for i := 0; ; i++ {
+		n, err := p.cq.Poll(p.wcs)
+		if n > 0 || err != nil {
+			return p.wcs[:n], err
+		}
+		if i&15 == 15 {
+			if start.IsZero() {
+				start = time.Now()
+			} else if time.Since(start) > spinFor {
+				return p.poll(ctx, true)
+			}
+		}
+		runtime.Gosched()
+	}
+}
+
+// backoff paces a loop that polls memory, which has no completion to
+// block on: it yields the processor for spinFor, then sleeps a little
+// longer each time, up to maxNap, so that the NIC's goroutines get a CPU.
+type backoff struct {
+	n     int
+	start time.Time
+	nap   time.Duration
+}
+
+const maxNap = 50 * time.Microsecond
+
+func (b *backoff) wait() {
+	b.n++
+	if b.n&15 == 15 && b.nap == 0 {
+		if b.start.IsZero() {
+			b.start = time.Now()
+		} else if time.Since(b.start) > spinFor {
+			b.nap = time.Microsecond
+		}
+	}
+	if b.nap == 0 {
+		runtime.Gosched()
+		return
+	}
+	time.Sleep(b.nap)
+	b.nap = min(2*b.nap, maxNap)
+}
+
+// untilClosed returns a context that ends with ctx or when ch is closed.
+func untilClosed(ctx context.Context, ch <-chan struct{}) (context.Context, context.CancelFunc) {
+	c, cancel := context.WithCancel(ctx)
+	go func() {
+		select {
+		case <-ch:
+			cancel()
+		case <-c.Done():
+		}
+	}()
+	return c, cancel
+}
+
+// peakWindow is the number of messages over which the peak bandwidth is
+// measured: at least least, and a sixteenth of a run of known length, so
+// that a burst of completions read in one poll does not pass for a rate.
+func peakWindow(least, count int64, duration time.Duration) int64 {
+	if duration > 0 || count < 0 {
+		return least
+	}
+	return max(least, count/16)
+}

@@ -1,0 +1,569 @@
+package perf
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/softrdma/softrdma/cmd/softrdma/internal/exchange"
+	"github.com/softrdma/softrdma/cmd/softrdma/internal/report"
+)
+
+// Result is what a run produced: the report it printed (as JSON).
+type Result struct {
+	Report report.JSON
+}
+
+// reply is the server's answer to the client's hello.
+type reply struct {
+	// FileSize is the size of the server's --file (read-bw), -1 if none.
+	FileSize int64 `json:"file_size"`
+}
+
+// roundResult is what each side reports after running one size.
+type roundResult struct {
+	BW     *report.BW  `json:"bw,omitempty"`
+	Lat    *report.Lat `json:"lat,omitempty"`
+	Counts []int64     `json:"counts,omitempty"` // messages completed per QP
+	SHA256 string      `json:"sha256,omitempty"` // of the file bytes sent or received
+	Bytes  int64       `json:"bytes"`            // file bytes sent or received
+	Err    string      `json:"err,omitempty"`
+}
+
+// verdict is the last word of a round: each side's checks of the other's
+// result (file digests, atomic counters).
+type verdict struct {
+	Err string `json:"err,omitempty"`
+}
+
+// Run runs one tool: the server when o.Server is "", else the client. It
+// prints the report to o.Stdout and returns an error if the test could not
+// run or a verification failed (errors.Is(err, ErrMismatch)).
+func Run(ctx context.Context, o *Options) (*Result, error) {
+	if o.Stdout == nil {
+		o.Stdout = io.Discard
+	}
+	if !o.Test.valid() {
+		return nil, fmt.Errorf("unknown test %d", o.Test)
+	}
+	if _, err := ParseImpair(o.Impair); err != nil {
+		return nil, err
+	}
+	if _, _, err := ParseBind(o.Bind); err != nil {
+		return nil, err
+	}
+	s := &session{o: o, test: o.Test, server: o.Server == "", fileSize: -1}
+	if o.ReportGbits {
+		s.unit = report.Gbps
+	}
+	s.json = report.JSON{Tool: o.Test.String(), Side: "client", Unit: s.unit.String()}
+	if s.server {
+		s.json.Side = "server"
+	}
+	defer s.close()
+	err := s.openFiles()
+	if err == nil {
+		if s.server {
+			err = s.runServer(ctx)
+		} else {
+			err = s.runClient(ctx)
+		}
+	}
+	if err != nil {
+		s.json.Error = err.Error()
+	}
+	if s.dev != nil {
+		s.json.Counters = nonZeroCounters(s)
+	}
+	if o.JSON {
+		if werr := report.WriteJSON(o.Stdout, &s.json); werr != nil && err == nil {
+			err = werr
+		}
+	}
+	return &Result{Report: s.json}, err
+}
+
+// openFiles checks that --file and --out are on the right side and opens
+// the file to send.
+func (s *session) openFiles() error {
+	o := s.o
+	if (o.File != "" || o.Out != "") && s.test.IsLat() {
+		return fmt.Errorf("%s: --file and --out are for the BW tools (write-bw, read-bw, send-bw)", s.test)
+	}
+	if (o.File != "" || o.Out != "") && s.test == AtomicBW {
+		return errors.New("atomic-bw: --file and --out do not apply")
+	}
+	sourceIsServer := s.test.fileFromServer()
+	where := func(server bool) string {
+		if server {
+			return "the server"
+		}
+		return "the client"
+	}
+	if o.File != "" && s.server != sourceIsServer {
+		return fmt.Errorf("%s: --file goes on %s (the side whose bytes move); --out on %s writes them",
+			s.test, where(sourceIsServer), where(!sourceIsServer))
+	}
+	if o.Out != "" && s.server == sourceIsServer {
+		return fmt.Errorf("%s: --out goes on %s (the receiving side); --file on %s", s.test,
+			where(!sourceIsServer), where(sourceIsServer))
+	}
+	if o.File == "" {
+		return nil
+	}
+	f, err := os.Open(o.File)
+	if err != nil {
+		return fmt.Errorf("--file: %w", err)
+	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return fmt.Errorf("--file: %w", err)
+	}
+	if !st.Mode().IsRegular() {
+		f.Close()
+		return fmt.Errorf("--file %s: not a regular file", o.File)
+	}
+	s.file, s.fileSize = f, st.Size()
+	return nil
+}
+
+func (s *session) runClient(ctx context.Context) error {
+	o := s.o
+	port := o.Port
+	if port == 0 {
+		port = exchange.DefaultPort
+	}
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp", net.JoinHostPort(o.Server, strconv.Itoa(port)))
+	if err != nil {
+		return fmt.Errorf("connect to the server: %w", err)
+	}
+	if s.ctrl, err = exchange.New(c); err != nil {
+		return err
+	}
+	s.p = o.Params
+	s.p.Defaults(s.test)
+	if s.p.Seed == 0 {
+		s.p.Seed = rand.Uint64() | 1
+	}
+	s.p.FileSize = -1
+	if s.file != nil {
+		s.p.FileSize = s.fileSize
+	}
+	err = s.clientHello(ctx)
+	if err == nil {
+		err = s.run(ctx)
+	}
+	return s.tellPeer(err)
+}
+
+func (s *session) clientHello(ctx context.Context) error {
+	if err := s.p.Validate(s.test); err != nil {
+		return err
+	}
+	if err := s.ctrl.SendJSON(exchange.MsgHello, &s.p); err != nil {
+		return err
+	}
+	var r reply
+	if err := s.ctrl.RecvJSON(ctx, exchange.MsgReply, &r); err != nil {
+		return err
+	}
+	if r.FileSize >= 0 {
+		s.fileSize = r.FileSize
+	}
+	return s.openOut()
+}
+
+// openOut creates --out when this side receives a file.
+func (s *session) openOut() error {
+	if s.o.Out == "" {
+		return nil
+	}
+	if s.fileSize < 0 {
+		return fmt.Errorf("--out %s: the peer sends no file (--file)", s.o.Out)
+	}
+	var err error
+	if s.out, err = os.Create(s.o.Out); err != nil {
+		return fmt.Errorf("--out: %w", err)
+	}
+	return nil
+}
+
+// tellPeer sends err to the peer unless it came from the peer, and returns
+// it.
+func (s *session) tellPeer(err error) error {
+	var pe *exchange.PeerError
+	if err != nil && s.ctrl != nil && !errors.As(err, &pe) {
+		s.ctrl.SendError(err)
+	}
+	return err
+}
+
+func (s *session) runServer(ctx context.Context) error {
+	o := s.o
+	ln := o.Listener
+	if ln == nil {
+		port := o.Port
+		if port == 0 {
+			port = exchange.DefaultPort
+		}
+		var err error
+		if ln, err = net.Listen("tcp", ":"+strconv.Itoa(port)); err != nil {
+			return fmt.Errorf("listen: %w", err)
+		}
+	}
+	defer ln.Close()
+	if o.Ready != nil {
+		o.Ready(ln.Addr())
+	}
+	if !o.JSON {
+		fmt.Fprintf(o.Stdout, "\n************************************\n* Waiting for client to connect... *\n************************************\n")
+	}
+	accepted := make(chan struct{})
+	go func() {
+		select {
+		case <-ctx.Done():
+			ln.Close()
+		case <-accepted:
+		}
+	}()
+	c, err := ln.Accept()
+	close(accepted)
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return fmt.Errorf("accept: %w", err)
+	}
+	ln.Close() // one client, as perftest
+	if s.ctrl, err = exchange.New(c); err != nil {
+		return err
+	}
+	err = s.serverHello(ctx)
+	if err == nil {
+		err = s.run(ctx)
+	}
+	return s.tellPeer(err)
+}
+
+func (s *session) serverHello(ctx context.Context) error {
+	if err := s.ctrl.RecvJSON(ctx, exchange.MsgHello, &s.p); err != nil {
+		return err
+	}
+	if err := s.p.Validate(s.test); err != nil {
+		return err
+	}
+	s.noteOverrides()
+	r := reply{FileSize: -1}
+	if s.file != nil {
+		if s.p.QPs != 1 {
+			return fmt.Errorf("%s --file streams over one QP; the client asked for %d", s.test, s.p.QPs)
+		}
+		r.FileSize = s.fileSize
+	} else {
+		s.fileSize = s.p.FileSize
+	}
+	if err := s.openOut(); err != nil {
+		return err
+	}
+	return s.ctrl.SendJSON(exchange.MsgReply, &r)
+}
+
+// run runs every round once the hello is done.
+func (s *session) run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-s.ctrl.Done():
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	s.ctx = ctx
+	s.xch = exchange.Native{C: s.ctrl}
+	s.json.MTU, s.json.QPs = s.p.MTU, s.p.QPs
+	if err := s.setup(); err != nil {
+		return err
+	}
+	w := s.o.Stdout
+	text := !s.o.JSON
+	var fileRes [2]roundResult // mine, peer's, of the (single) file round
+	for i, size := range s.p.Sizes() {
+		if err := s.createRound(size); err != nil {
+			return err
+		}
+		if err := s.connect(ctx); err != nil {
+			return err
+		}
+		if i == 0 && text {
+			s.printBanner(w)
+		}
+		mine, peer, err := s.round(ctx, size)
+		if err != nil {
+			if text {
+				fmt.Fprintln(w, report.Line)
+			}
+			if s.fileSize >= 0 && mine.SHA256 != "" && peer.SHA256 != "" {
+				s.reportFile(w, text, &mine, &peer) // what each side saw
+			}
+			return err
+		}
+		s.destroyRound()
+		s.addRow(w, text, &mine, &peer)
+		if s.fileSize >= 0 {
+			fileRes = [2]roundResult{mine, peer}
+		}
+	}
+	if text {
+		fmt.Fprintln(w, report.Line)
+	}
+	if s.p.Verify {
+		s.json.Verified = true
+		if text {
+			fmt.Fprintf(w, " Verify          : every byte matched (pattern seed %#x)\n", s.p.Seed)
+		}
+	}
+	if s.fileSize >= 0 {
+		s.reportFile(w, text, &fileRes[0], &fileRes[1])
+	}
+	return nil
+}
+
+// prepare readies the buffer before a round's start barrier.
+func (s *session) prepare(size int64) {
+	switch {
+	case s.test == WriteLat || s.test == SendLat:
+		clear(s.local(0)[:size]) // the receive slot, whose last byte write-lat polls
+	case s.server && s.test == ReadBW && s.p.Verify && s.fileSize < 0:
+		s.fillReadSlots(size)
+	case s.server && s.test == ReadLat && s.p.Verify:
+		fillPattern(s.local(0)[:size], s.p.Seed, 0)
+	case s.server && s.test == AtomicBW:
+		for q := range s.p.QPs {
+			clear(s.local(q)[:8])
+		}
+	}
+}
+
+// round runs one message size: a barrier, each side's part, then the
+// exchange of results and verdicts. It returns both sides' results.
+func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult, err error) {
+	s.prepare(size)
+	if err := s.ctrl.Sync(ctx); err != nil {
+		return mine, peer, err
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type peerMsg struct {
+		r   roundResult
+		err error
+	}
+	peerc := make(chan peerMsg, 1)
+	var target atomic.Int64
+	known := make(chan struct{})
+	go func() {
+		var r roundResult
+		err := s.ctrl.RecvJSON(ctx, exchange.MsgResult, &r)
+		if err == nil && r.Err == "" {
+			var n int64
+			for _, c := range r.Counts {
+				n += c
+			}
+			target.Store(n)
+			close(known)
+		} else {
+			cancel() // the peer failed: stop waiting for it
+		}
+		peerc <- peerMsg{r, err}
+	}()
+	targetFn := func() (int64, bool) {
+		select {
+		case <-known:
+			return target.Load(), true
+		default:
+			return 0, false
+		}
+	}
+	mine, runErr := s.runSide(rctx, size, targetFn, known)
+	if runErr != nil {
+		mine.Err = runErr.Error()
+	}
+	sendErr := s.ctrl.SendJSON(exchange.MsgResult, &mine)
+	pm := <-peerc
+	switch {
+	case pm.err != nil:
+		return mine, peer, pm.err
+	case pm.r.Err != "" && (runErr == nil || errors.Is(runErr, context.Canceled)):
+		return mine, peer, &exchange.PeerError{Reason: pm.r.Err}
+	case runErr != nil:
+		return mine, peer, runErr
+	case sendErr != nil:
+		return mine, peer, sendErr
+	}
+	peer = pm.r
+	// Verdicts: the checks that need the other side's result.
+	check := s.check(&mine, &peer)
+	var v verdict
+	if check != nil {
+		v.Err = check.Error()
+	}
+	if err := s.ctrl.SendJSON(exchange.MsgSync, &v); err != nil {
+		return mine, peer, err
+	}
+	var pv verdict
+	if err := s.ctrl.RecvJSON(ctx, exchange.MsgSync, &pv); err != nil {
+		return mine, peer, err
+	}
+	if check != nil {
+		return mine, peer, check
+	}
+	if pv.Err != "" {
+		return mine, peer, &exchange.PeerError{Reason: pv.Err}
+	}
+	return mine, peer, nil
+}
+
+// runSide runs this side's part of one round.
+func (s *session) runSide(ctx context.Context, size int64, target func() (int64, bool), known <-chan struct{}) (roundResult, error) {
+	var res roundResult
+	passive := func() error {
+		select {
+		case <-known:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	sourceIsServer := s.test.fileFromServer()
+	switch {
+	case s.streams() && s.server == sourceIsServer: // the source of a stream
+		var src source = patternSource{seed: s.p.Seed}
+		var fsrc *fileSource
+		count := s.p.Iters
+		if s.fileSize >= 0 {
+			fsrc = newFileSource(s.file, s.fileSize)
+			src, count = fsrc, chunks(s.fileSize, size)
+		} else if s.p.Duration > 0 {
+			count = -1
+		}
+		if s.server {
+			if err := s.readServe(ctx, size, src, count); err != nil {
+				return res, err
+			}
+		} else {
+			bw, err := s.push(ctx, size, src, count, time.Now().Add(s.p.Duration))
+			if err != nil {
+				return res, err
+			}
+			res.BW = &bw
+			res.Counts = []int64{bw.Iterations}
+		}
+		if fsrc != nil {
+			res.SHA256, res.Bytes = fsrc.sum(), s.fileSize
+		}
+	case s.streams(): // the sink of a stream
+		var snk sink = &patternSink{c: checker{seed: s.p.Seed}}
+		var fsnk *fileSink
+		lenOf := func(int64) int { return int(size) }
+		if s.fileSize >= 0 {
+			var w io.Writer
+			if s.out != nil {
+				w = s.out
+			}
+			fsnk = newFileSink(w)
+			snk = fsnk
+			lenOf = func(k int64) int { return chunkLen(k, s.fileSize, size) }
+		}
+		var bw report.BW
+		var err error
+		if s.server {
+			bw, err = s.pull(ctx, size, snk, lenOf)
+		} else {
+			bw, err = s.readFetch(ctx, size, snk, s.fileSize)
+		}
+		if err != nil {
+			return res, err
+		}
+		res.BW = &bw
+		if fsnk != nil {
+			if err := fsnk.flush(); err != nil {
+				return res, err
+			}
+			res.SHA256, res.Bytes = fsnk.sum(), fsnk.n
+		}
+	case s.test == WriteLat || s.test == SendLat:
+		lat, n, err := s.pingPong(ctx, size, target, known)
+		if err != nil {
+			return res, err
+		}
+		res.Lat, res.Counts = &lat, []int64{n}
+	case s.test == ReadLat && !s.server:
+		lat, n, err := s.readLat(ctx, size)
+		if err != nil {
+			return res, err
+		}
+		res.Lat, res.Counts = &lat, []int64{n}
+	case s.test == SendBW && s.server:
+		bw, err := s.sendBWServer(ctx, size, target, known)
+		if err != nil {
+			return res, err
+		}
+		res.BW = &bw
+	case s.server: // write-bw, read-bw, atomic-bw, read-lat: the client does the work
+		return res, passive()
+	default:
+		bw, counts, err := s.bwClient(ctx, size)
+		if err != nil {
+			return res, err
+		}
+		res.BW, res.Counts = &bw, counts
+	}
+	return res, nil
+}
+
+// check compares this side's result with the peer's once both are done.
+func (s *session) check(mine, peer *roundResult) error {
+	if s.fileSize >= 0 && s.server != s.test.fileFromServer() { // the receiver of a file
+		if mine.SHA256 != peer.SHA256 || mine.Bytes != peer.Bytes {
+			return fmt.Errorf("%w: received %d bytes with SHA-256 %s; the sender sent %d bytes with SHA-256 %s",
+				ErrMismatch, mine.Bytes, mine.SHA256, peer.Bytes, peer.SHA256)
+		}
+	}
+	if s.server && s.test == AtomicBW && s.p.Verify {
+		return s.checkAtomicCounters(peer.Counts)
+	}
+	return nil
+}
+
+// noteOverrides tells the server's user which of its own test flags the
+// client's parameters replaced.
+func (s *session) noteOverrides() {
+	mine, theirs := &s.o.Params, &s.p
+	var diffs []string
+	add := func(flag string, m, t any, set bool) {
+		if set && m != t {
+			diffs = append(diffs, fmt.Sprintf("%s %v (this side: %v)", flag, t, m))
+		}
+	}
+	add("-s", mine.Size, theirs.Size, mine.Size != 0)
+	add("-n", mine.Iters, theirs.Iters, mine.Iters != 0)
+	add("-D", mine.Duration, theirs.Duration, mine.Duration != 0)
+	add("-a", mine.All, theirs.All, mine.All)
+	add("-q", mine.QPs, theirs.QPs, mine.QPs != 0)
+	add("-t", mine.TxDepth, theirs.TxDepth, mine.TxDepth != 0)
+	add("-m", mine.MTU, theirs.MTU, mine.MTU != 0 && mine.MTU != 4096)
+	add("--verify", mine.Verify, theirs.Verify, mine.Verify)
+	if len(diffs) > 0 {
+		s.logf("softrdma: the test parameters are the client's: %s", strings.Join(diffs, ", "))
+	}
+}

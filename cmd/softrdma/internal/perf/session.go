@@ -1,0 +1,305 @@
+package perf
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"os"
+
+	"github.com/softrdma/softrdma"
+	"github.com/softrdma/softrdma/cmd/softrdma/internal/exchange"
+	"github.com/softrdma/softrdma/cmd/softrdma/internal/report"
+	"github.com/softrdma/softrdma/transport/pcaptap"
+)
+
+// session is one side of one tool run: the control channel, the device,
+// the registered buffer, and the QPs of the current round.
+type session struct {
+	o      *Options
+	p      Params
+	test   Test
+	server bool
+	ctrl   *exchange.Conn
+	xch    exchange.QPExchanger
+	ctx    context.Context // canceled when the control channel closes
+	unit   report.Unit
+	json   report.JSON // the report, filled as the run goes
+
+	dev    *softrdma.Device
+	ownDev bool
+	tap    *pcaptap.Writer
+	pd     *softrdma.PD
+	mem    []byte // the registered buffer: QPs regions of stride bytes
+	stride int    // bytes per QP region
+	region int    // bytes of each region the peer may access
+	mr     *softrdma.MR
+
+	// fileSize is the size of the file moved (-1: none); the file is the
+	// client's for WRITE and SEND, the server's for READ.
+	fileSize int64
+	file     *os.File // the file this side sends, if any
+	out      *os.File // --out, if this side receives a file
+
+	// The current round.
+	cq      *softrdma.CQ
+	qps     []*softrdma.QP
+	psns    []uint32
+	remote  []exchange.QPInfo
+	nrounds int // rounds run so far
+}
+
+// ringSlots is the number of message slots of a --verify or --file ring
+// for messages of size bytes: at most tx-depth, and at most StreamBuffer
+// bytes unless one message is larger.
+func ringSlots(p *Params, size int64) int {
+	return int(max(1, min(int64(p.TxDepth), StreamBuffer/size)))
+}
+
+// streams reports whether messages of t move through a ring with flow
+// control (--file, or --verify of WRITE and SEND) rather than perftest's
+// fixed buffer.
+func (s *session) streams() bool {
+	return s.fileSize >= 0 || s.p.Verify && (s.test == WriteBW || s.test == SendBW)
+}
+
+// slotStride is the distance between the two slots (receive, send) of a
+// latency test's region.
+func slotStride(maxSize int64) int { return roundUp(int(maxSize), 64) }
+
+// regionSize returns the bytes of one QP's region for the test.
+func (s *session) regionSize() int {
+	var maxSize int64
+	for _, n := range s.p.Sizes() {
+		maxSize = max(maxSize, n)
+	}
+	switch {
+	case s.test.verb() == verbAtomic:
+		// Remote: the 8-byte target. Local: a fetch slot per outstanding WR.
+		return max(8*s.p.TxDepth, 64)
+	case s.test == WriteLat || s.test == SendLat:
+		return 2 * slotStride(maxSize) // receive slot, send slot
+	case s.streams() || s.test == ReadBW && s.p.Verify:
+		n := 0
+		for _, size := range s.p.Sizes() {
+			n = max(n, ringSlots(&s.p, size)*int(size))
+		}
+		return n
+	}
+	return int(maxSize)
+}
+
+// openDevice opens the RoCEv2 device (unless Options.Device is set), on
+// --bind or on the IP of the TCP connection.
+func (s *session) openDevice() error {
+	if s.o.Device != nil {
+		s.dev = s.o.Device
+		return nil
+	}
+	bind, hasPort, err := ParseBind(s.o.Bind)
+	if err != nil {
+		return err
+	}
+	ip := bind.Addr()
+	if !ip.IsValid() {
+		ip = s.ctrl.LocalAddr().Addr()
+	}
+	port := bind.Port()
+	if !hasPort && s.server {
+		port = DefServerPort
+	}
+	imp, err := ParseImpair(s.o.Impair)
+	if err != nil {
+		return err
+	}
+	cfg := softrdma.Config{Addr: netip.AddrPortFrom(ip, port), Impair: imp, Logf: s.o.Logf}
+	if s.o.Pcap != "" {
+		s.tap, err = pcaptap.Create(s.o.Pcap)
+		if err != nil {
+			return fmt.Errorf("--pcap: %w", err)
+		}
+		cfg.Tap = s.tap
+	}
+	s.dev, err = softrdma.Open(cfg)
+	if err != nil && s.server && !hasPort {
+		// 4791 is taken (another server, a daemon): any port will do, the
+		// exchange tells the client which.
+		cfg.Addr = netip.AddrPortFrom(ip, 0)
+		var err2 error
+		if s.dev, err2 = softrdma.Open(cfg); err2 == nil {
+			s.logf("softrdma: %v; the device uses %v instead", err, s.dev.LocalAddr())
+			err = nil
+		}
+	}
+	if err != nil {
+		return err
+	}
+	s.ownDev = true
+	return nil
+}
+
+// setup opens the device and registers the buffer.
+func (s *session) setup() error {
+	if err := s.openDevice(); err != nil {
+		return err
+	}
+	var err error
+	if s.pd, err = s.dev.AllocPD(); err != nil {
+		return err
+	}
+	s.region = s.regionSize()
+	s.stride = roundUp(s.region, pageSize)
+	if s.mem, err = allocBuffer(s.stride * s.p.QPs); err != nil {
+		return err
+	}
+	s.mr, err = s.dev.RegMR(s.pd, s.mem, softrdma.AccessLocalWrite|softrdma.AccessRemoteWrite|
+		softrdma.AccessRemoteRead|softrdma.AccessRemoteAtomic)
+	return err
+}
+
+// close releases everything; it is safe on a partly set up session.
+func (s *session) close() {
+	s.destroyRound()
+	if s.mr != nil {
+		s.dev.DeregMR(s.mr)
+	}
+	if s.ownDev && s.dev != nil {
+		s.dev.Close()
+	}
+	freeBuffer(s.mem)
+	if s.tap != nil {
+		if err := s.tap.Close(); err != nil {
+			s.logf("softrdma: --pcap: %v", err)
+		}
+	}
+	if s.file != nil {
+		s.file.Close()
+	}
+	if s.out != nil {
+		s.out.Close()
+	}
+	if s.ctrl != nil {
+		s.ctrl.Close()
+	}
+}
+
+// local returns QP i's region.
+func (s *session) local(i int) []byte { return s.mem[i*s.stride : i*s.stride+s.region] }
+
+// addr returns the IOVA of byte off of QP i's region.
+func (s *session) addr(i int, off int) uint64 { return s.mr.Addr() + uint64(i*s.stride+off) }
+
+// sge returns the SGE of n bytes at off in QP i's region.
+func (s *session) sge(i, off, n int) softrdma.SGE {
+	return softrdma.SGE{Addr: s.addr(i, off), Length: uint32(n), LKey: s.mr.LKey()}
+}
+
+// queueDepths returns the send and receive queue depths of the round's
+// QPs for messages of size bytes.
+func (s *session) queueDepths(size int64) (sq, rq int) {
+	slots := 0
+	if s.streams() || s.test == ReadBW && s.p.Verify {
+		slots = ringSlots(&s.p, size)
+	}
+	sq = max(s.p.TxDepth, slots) + 16
+	rq = max(slots+8, 16)
+	if s.test.verb() == verbSend {
+		rq = max(rq, s.p.RxDepth)
+	}
+	return sq, rq
+}
+
+// createRound creates the round's CQ and QPs. Every round has fresh QPs,
+// so that nothing of one round (a receive still posted, a completion not
+// yet polled) leaks into the next.
+func (s *session) createRound(size int64) error {
+	s.nrounds++
+	sq, rq := s.queueDepths(size)
+	depth := min(s.p.QPs*(sq+rq)+16, softrdma.MaxCQE)
+	var err error
+	if s.cq, err = s.dev.CreateCQ(depth); err != nil {
+		return err
+	}
+	s.qps = make([]*softrdma.QP, s.p.QPs)
+	s.psns = make([]uint32, s.p.QPs)
+	for i := range s.qps {
+		s.qps[i], err = s.dev.CreateQP(s.pd, softrdma.QPInitAttr{SendCQ: s.cq, RecvCQ: s.cq, Type: softrdma.QPTypeRC,
+			Cap: softrdma.Cap{MaxSendWR: sq, MaxRecvWR: rq, MaxSendSGE: 1, MaxRecvSGE: 1, MaxInlineData: s.p.Inline}})
+		if err != nil {
+			return err
+		}
+		s.psns[i] = rand.Uint32() & 0xffffff // perftest: lrand48() & 0xffffff
+	}
+	return nil
+}
+
+// destroyRound destroys the round's QPs.
+func (s *session) destroyRound() {
+	for _, qp := range s.qps {
+		if qp != nil {
+			s.dev.DestroyQP(qp)
+		}
+	}
+	s.qps, s.cq, s.remote = nil, nil, nil
+}
+
+// localInfos describes the round's QPs for the peer.
+func (s *session) localInfos() []exchange.QPInfo {
+	la := s.dev.LocalAddr()
+	gid := la.Addr().As16()
+	infos := make([]exchange.QPInfo, len(s.qps))
+	for i, qp := range s.qps {
+		infos[i] = exchange.QPInfo{GID: gid, Port: la.Port(), QPN: uint32(qp.QPN()), PSN: s.psns[i],
+			RKey: s.mr.RKey(), VAddr: s.addr(i, 0), Size: uint64(s.region)}
+	}
+	return infos
+}
+
+// connect exchanges the round's QP data with the peer, connects every QP
+// and waits until both sides are ready to send (RTS on both ends).
+func (s *session) connect(ctx context.Context) error {
+	remote, err := s.xch.ExchangeQPs(ctx, s.server, s.localInfos())
+	if err != nil {
+		return err
+	}
+	for i, r := range remote {
+		if r.Size < uint64(s.region) {
+			return fmt.Errorf("peer's QP %d buffer is %d bytes, want %d", i, r.Size, s.region)
+		}
+	}
+	s.remote = remote
+	mtu := mtuCode(s.p.MTU)
+	for i, qp := range s.qps {
+		ep := softrdma.Endpoint{Addr: remote[i].Addr(), QPN: softrdma.QPN(remote[i].QPN), PSN: softrdma.PSN(remote[i].PSN)}
+		if err := softrdma.Connect(qp, ep, softrdma.PSN(s.psns[i]), softrdma.ConnectOptions{MTU: mtu}); err != nil {
+			return fmt.Errorf("connect QP %#x to %v QPN %#x: %w", qp.QPN(), ep.Addr, ep.QPN, err)
+		}
+	}
+	return s.ctrl.Sync(ctx)
+}
+
+func (s *session) logf(format string, args ...any) {
+	if s.o.Logf != nil {
+		s.o.Logf(format, args...)
+	}
+}
+
+// errWC is a work completion that failed.
+type errWC struct {
+	wc softrdma.WC
+}
+
+func (e *errWC) Error() string {
+	return fmt.Sprintf("work completion error: %v (status %d, opcode %d, QPN %#x, wr_id %#x)",
+		e.wc.Status, e.wc.Status, e.wc.Opcode, e.wc.QPN, e.wc.WRID)
+}
+
+func checkWC(wc *softrdma.WC) error {
+	if wc.Status != softrdma.WCSuccess {
+		return &errWC{*wc}
+	}
+	return nil
+}
+
+var errStopped = errors.New("stopped")

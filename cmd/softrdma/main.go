@@ -1,0 +1,119 @@
+// Command softrdma runs the software RDMA NIC's tools: perftest-style
+// benchmarks (write-bw, write-lat, read-bw, read-lat, send-bw, send-lat,
+// atomic-bw) between a server and a client, and a self-contained demo.
+//
+//	softrdma write-bw                 # server: waits for a client
+//	softrdma write-bw 127.0.0.1       # client: connects and runs
+//	softrdma demo                     # two emulated hosts in one process
+//
+// See docs/cli.md.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/alecthomas/kong"
+
+	"github.com/softrdma/softrdma/cmd/softrdma/internal/demo"
+	"github.com/softrdma/softrdma/cmd/softrdma/internal/perf"
+)
+
+// Exit codes.
+const (
+	exitOK    = 0
+	exitFail  = 1 // the test failed, including a verification mismatch
+	exitUsage = 2 // bad command line
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// run parses args and runs the command; it returns the exit code.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	var c cli
+	exited := -1
+	parser, err := newParser(&c, stdout, stderr, func(code int) { exited = code })
+	if err != nil {
+		fmt.Fprintf(stderr, "softrdma: %v\n", err)
+		return exitFail
+	}
+	kctx, err := parser.Parse(args)
+	if exited >= 0 { // --help
+		return exited
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "softrdma: %v (see softrdma --help)\n", err)
+		return exitUsage
+	}
+	logf := func(format string, args ...any) { fmt.Fprintf(stderr, format+"\n", args...) }
+	cmd := strings.Fields(kctx.Command())[0]
+	if cmd == "demo" {
+		err := demo.Run(ctx, demo.Options{File: c.Demo.File, Size: int64(c.Demo.Size), Impair: c.Demo.Impair,
+			Pcap: c.Demo.Pcap, Stdout: stdout, Logf: logf})
+		if err != nil {
+			if !errors.Is(err, demo.ErrFailed) {
+				fmt.Fprintf(stderr, "softrdma: %v\n", err)
+			}
+			return exitFail
+		}
+		return exitOK
+	}
+	test, err := perf.ParseTest(cmd)
+	if err != nil {
+		fmt.Fprintf(stderr, "softrdma: %v\n", err)
+		return exitUsage
+	}
+	o, err := c.tool(test).options(test)
+	if err != nil {
+		fmt.Fprintf(stderr, "softrdma: %v\n", err)
+		return exitUsage
+	}
+	o.Stdout, o.Logf = stdout, logf
+	if _, err := perf.Run(ctx, o); err != nil {
+		fmt.Fprintf(stderr, "softrdma: %s: %v\n", test, err)
+		return exitFail
+	}
+	return exitOK
+}
+
+// newParser returns the command-line parser filling c; exit is called
+// instead of os.Exit after --help.
+func newParser(c *cli, stdout, stderr io.Writer, exit func(int)) (*kong.Kong, error) {
+	return kong.New(c,
+		kong.Name("softrdma"),
+		kong.Description("A software RDMA NIC (RoCEv2 over UDP): perftest-style tools and a demo."),
+		kong.Writers(stdout, stderr),
+		kong.Exit(exit),
+		kong.ConfigureHelp(kong.HelpOptions{Compact: true}),
+	)
+}
+
+// tool returns the flags of test's subcommand.
+func (c *cli) tool(t perf.Test) *toolCmd {
+	switch t {
+	case perf.WriteBW:
+		return &c.WriteBW
+	case perf.WriteLat:
+		return &c.WriteLat
+	case perf.ReadBW:
+		return &c.ReadBW
+	case perf.ReadLat:
+		return &c.ReadLat
+	case perf.SendBW:
+		return &c.SendBW
+	case perf.SendLat:
+		return &c.SendLat
+	}
+	return &c.AtomicBW
+}

@@ -1,0 +1,190 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/softrdma/softrdma/cmd/softrdma/internal/perf"
+)
+
+func runCLI(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var o, e bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	code = run(ctx, args, &o, &e)
+	return code, o.String(), e.String()
+}
+
+// parse parses args into a cli without running anything.
+func parse(t *testing.T, args ...string) (*cli, string, error) {
+	t.Helper()
+	var c cli
+	p, err := newParser(&c, io.Discard, io.Discard, func(int) {})
+	require.NoError(t, err)
+	kctx, err := p.Parse(args)
+	if err != nil {
+		return nil, "", err
+	}
+	return &c, strings.Fields(kctx.Command())[0], nil
+}
+
+func TestHelp(t *testing.T) {
+	code, out, _ := runCLI(t, "--help")
+	assert.Equal(t, exitOK, code)
+	for _, cmd := range []string{"write-bw", "write-lat", "read-bw", "read-lat", "send-bw", "send-lat", "atomic-bw", "demo"} {
+		assert.Contains(t, out, cmd)
+	}
+	code, out, _ = runCLI(t, "write-bw", "--help")
+	assert.Equal(t, exitOK, code)
+	for _, flag := range []string{"-s, --size", "-n, --iters", "-D, --duration", "-a, --all", "-m, --mtu",
+		"-t, --tx-depth", "-q, --qp", "-p, --port", "--report_gbits", "--json", "--verify", "--file", "--out",
+		"--pcap", "--impair", "--bind"} {
+		assert.Contains(t, out, flag)
+	}
+}
+
+func TestFlagsMapToParams(t *testing.T) {
+	c, cmd, err := parse(t, "write-bw", "-s", "64K", "-n", "100", "-D", "2", "-a", "-m", "1024", "-t", "64",
+		"-r", "256", "-Q", "10", "-q", "1", "-p", "5000", "-I", "100", "--report_gbits", "--json", "--verify",
+		"--pcap", "x.pcap", "--impair", "loss=0.1", "--bind", "10.0.0.1:4791", "127.0.0.2")
+	require.NoError(t, err)
+	require.Equal(t, "write-bw", cmd)
+	test, err := perf.ParseTest(cmd)
+	require.NoError(t, err)
+	o, err := c.tool(test).options(test)
+	require.NoError(t, err)
+	assert.Equal(t, perf.Params{Size: 65536, Iters: 100, Duration: 2 * time.Second, All: true, MTU: 1024,
+		TxDepth: 64, RxDepth: 256, CQMod: 10, QPs: 1, Inline: 100, Atomic: perf.FetchAndAdd, Verify: true}, o.Params)
+	assert.Equal(t, "127.0.0.2", o.Server)
+	assert.Equal(t, 5000, o.Port)
+	assert.Equal(t, "10.0.0.1:4791", o.Bind)
+	assert.Equal(t, "x.pcap", o.Pcap)
+	assert.Equal(t, "loss=0.1", o.Impair)
+	assert.True(t, o.JSON)
+	assert.True(t, o.ReportGbits)
+}
+
+func TestFlagDefaultsAndAliases(t *testing.T) {
+	c, cmd, err := parse(t, "atomic-bw", "--atomic-type", "CMP_AND_SWAP", "--report-gbits", "--inline-size", "0")
+	require.NoError(t, err)
+	o, err := c.tool(perf.AtomicBW).options(perf.AtomicBW)
+	require.NoError(t, err)
+	assert.Equal(t, "atomic-bw", cmd)
+	assert.Equal(t, perf.CmpAndSwap, o.Params.Atomic)
+	assert.True(t, o.ReportGbits)
+	assert.Equal(t, 0, o.Params.Inline)
+	assert.Equal(t, "", o.Server) // the server
+	assert.Equal(t, 18515, o.Port)
+	assert.Equal(t, 4096, o.Params.MTU)
+
+	c, _, err = parse(t, "send-lat", "server.example")
+	require.NoError(t, err)
+	o, err = c.tool(perf.SendLat).options(perf.SendLat)
+	require.NoError(t, err)
+	assert.Equal(t, -1, o.Params.Inline) // perftest's default, resolved by the runner
+	assert.Equal(t, "server.example", o.Server)
+}
+
+func TestUsageErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"write-bw", "--nope"}, "unknown flag"},
+		{[]string{"write-bw", "-s", "lots"}, "not a size"},
+		{[]string{"write-bw", "-D", "soon"}, "not a number of seconds"},
+		{[]string{"atomic-bw", "-A", "SWAP"}, "must be one of"},
+		{[]string{"write-bw", "-A", "CMP_AND_SWAP", "h"}, "--atomic_type is for atomic-bw"},
+		{[]string{"write-bw", "-n", "2", "h"}, "iterations 2"},
+		{[]string{"write-lat", "-q", "2", "h"}, "one QP"},
+		{[]string{"write-bw", "-m", "1500", "h"}, "MTU 1500"},
+		{[]string{"write-bw", "a", "b"}, "unexpected argument"},
+		{[]string{"write-bw", "--file", "/does/not/exist", "h"}, "does/not/exist"},
+		{[]string{"nope"}, "unexpected argument"},
+	} {
+		code, _, stderr := runCLI(t, tc.args...)
+		assert.Equal(t, exitUsage, code, tc.args)
+		assert.Contains(t, stderr, tc.want, tc.args)
+	}
+}
+
+func TestRunErrorsExitOne(t *testing.T) {
+	// A client whose server is not there.
+	code, _, stderr := runCLI(t, "write-bw", "-p", "1", "127.0.0.1")
+	assert.Equal(t, exitFail, code)
+	assert.Contains(t, stderr, "softrdma: write-bw: connect to the server")
+}
+
+func TestByteSize(t *testing.T) {
+	for in, want := range map[string]int64{"4096": 4096, "64K": 65536, "64KiB": 65536, "64KB": 65536, "1M": 1 << 20,
+		"2MiB": 2 << 20, "1G": 1 << 30, "0x100": 256, "8B": 8, "16k": 16 << 10} {
+		var b byteSize
+		require.NoError(t, b.UnmarshalText([]byte(in)), in)
+		assert.Equal(t, want, int64(b), in)
+	}
+	for _, in := range []string{"", "K", "-1", "1.5M", "1T", "99999999999G"} {
+		var b byteSize
+		assert.Error(t, b.UnmarshalText([]byte(in)), in)
+	}
+}
+
+func TestSeconds(t *testing.T) {
+	var d seconds
+	require.NoError(t, d.UnmarshalText([]byte("5")))
+	assert.Equal(t, 5*time.Second, time.Duration(d))
+	require.NoError(t, d.UnmarshalText([]byte("250ms")))
+	assert.Equal(t, 250*time.Millisecond, time.Duration(d))
+	assert.Error(t, d.UnmarshalText([]byte("-1s")))
+	assert.Error(t, d.UnmarshalText([]byte("x")))
+}
+
+func TestDemo(t *testing.T) {
+	b := make([]byte, 200_000)
+	for i := range b {
+		b[i] = byte(i*31 + i>>8)
+	}
+	path := filepath.Join(t.TempDir(), "payload")
+	require.NoError(t, os.WriteFile(path, b, 0o600))
+	sum := sha256.Sum256(b)
+	hexSum := hex.EncodeToString(sum[:])
+
+	code, out, stderr := runCLI(t, "demo", "--file", path, "-s", "16K")
+	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", out, stderr)
+	assert.Contains(t, out, "SHA-256 "+hexSum)
+	assert.Equal(t, 3, strings.Count(out, hexSum+"  ok"), out)
+	assert.Contains(t, out, "RDMA WRITE")
+	assert.Contains(t, out, "RDMA READ")
+	assert.Contains(t, out, "SEND")
+	assert.Contains(t, out, " #bytes     #iterations    BW peak[MB/sec]")
+	assert.Contains(t, out, "sent_pkts")
+	assert.Contains(t, out, "PASS: 3 of 3 transfers arrived intact")
+}
+
+func TestDemoWithImpairmentAndPcap(t *testing.T) {
+	if testing.Short() {
+		t.Skip("impaired transfers take a while")
+	}
+	pcap := filepath.Join(t.TempDir(), "demo.pcap")
+	b := make([]byte, 100_000)
+	path := filepath.Join(t.TempDir(), "payload")
+	require.NoError(t, os.WriteFile(path, b, 0o600))
+	code, out, stderr := runCLI(t, "demo", "--file", path, "-s", "8K", "--impair", "loss=0.01,reorder=0.01,dup=0.005,seed=7",
+		"--pcap", pcap)
+	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", out, stderr)
+	assert.Contains(t, out, "impair  loss=0.01")
+	st, err := os.Stat(pcap)
+	require.NoError(t, err)
+	assert.Greater(t, st.Size(), int64(100_000))
+}
