@@ -27,7 +27,7 @@ const (
 	// window, so that a fast sender cannot overrun the receiver's socket
 	// buffer (64 MiB holds 16k packets of 4 KiB; 1024 leaves room for many
 	// QPs). READ responses count: a READ reserves one PSN per response.
-	MaxUnackedPSNs = 1024
+	MaxUnackedPSNs = 256
 	// AckEveryNPackets makes the requester set AckReq on every Nth packet
 	// of a long message as well as on the last, so the window keeps moving
 	// (rxe: RXE_MAX_PKT_PER_ACK).

@@ -36,6 +36,7 @@ type toolCmd struct {
 	CQMod       int      `short:"Q" name:"cq-mod" help:"Request a completion every this many sends (BW). Default: 100."`
 	QPs         int      `short:"q" name:"qp" help:"Number of QPs. Default: 1."`
 	Port        int      `short:"p" name:"port" default:"18515" help:"TCP port of the exchange with the peer."`
+	QPTimeout   int      `short:"u" name:"qp-timeout" default:"14" help:"QP timeout exponent (1-31): retransmit after 4.096 µs × 2^N without an ACK (perftest -u)."`
 	Inline      int      `short:"I" name:"inline_size" aliases:"inline-size" default:"-1" help:"Max inline data in bytes. Default: 220 (write-lat), 236 (send-lat), else 0."`
 	Atomic      string   `short:"A" name:"atomic_type" aliases:"atomic-type" enum:"FETCH_AND_ADD,CMP_AND_SWAP" default:"FETCH_AND_ADD" help:"atomic-bw: FETCH_AND_ADD or CMP_AND_SWAP."`
 	ReportGbits bool     `name:"report_gbits" aliases:"report-gbits" help:"Report BW in Gb/sec instead of MB/sec."`
@@ -68,7 +69,7 @@ func (c *toolCmd) options(test perf.Test) (*perf.Options, error) {
 	p := perf.Params{
 		Size: int64(c.Size), Iters: c.Iters, Duration: time.Duration(c.Duration), All: c.All, MTU: c.MTU,
 		TxDepth: c.TxDepth, RxDepth: c.RxDepth, CQMod: c.CQMod, QPs: c.QPs, Inline: c.Inline,
-		Atomic: c.Atomic, Verify: c.Verify, Seed: c.Seed,
+		Atomic: c.Atomic, Verify: c.Verify, Seed: c.Seed, QPTimeout: c.QPTimeout,
 	}
 	if c.Server != "" {
 		// Check the client's parameters before connecting.

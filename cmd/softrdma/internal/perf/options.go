@@ -160,6 +160,9 @@ type Params struct {
 	Atomic   string        `json:"atomic"` // FetchAndAdd or CmpAndSwap
 	Verify   bool          `json:"verify"`
 	Seed     uint64        `json:"seed"` // of the --verify pattern
+	// QPTimeout is the local ACK timeout exponent (perftest -u): the
+	// retransmit timer is 4.096 µs × 2^QPTimeout. 0 means perftest's 14.
+	QPTimeout int `json:"qp_timeout"`
 	// FileSize is the size of the client's --file (write-bw, send-bw);
 	// -1 when none.
 	FileSize int64 `json:"file_size"`
@@ -244,6 +247,9 @@ func (p *Params) Defaults(t Test) {
 	if p.MTU == 0 {
 		p.MTU = 4096
 	}
+	if p.QPTimeout == 0 {
+		p.QPTimeout = 14
+	}
 	if p.TxDepth == 0 {
 		if t.IsLat() {
 			p.TxDepth = DefTxLat
@@ -292,6 +298,8 @@ func (p *Params) Validate(t Test) error {
 		return fmt.Errorf("the client runs %s, this side %s", p.Test, t)
 	}
 	switch {
+	case p.QPTimeout < 1 || p.QPTimeout > 31:
+		return fmt.Errorf("qp-timeout %d: must be 1 to 31", p.QPTimeout)
 	case p.Size < 1 || p.Size > 1<<31:
 		return fmt.Errorf("size %d: must be 1 to 2^31 bytes", p.Size)
 	case t.verb() == verbAtomic && p.Size != 8:

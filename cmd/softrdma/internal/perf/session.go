@@ -272,7 +272,7 @@ func (s *session) connect(ctx context.Context) error {
 	mtu := mtuCode(s.p.MTU)
 	for i, qp := range s.qps {
 		ep := softrdma.Endpoint{Addr: remote[i].Addr(), QPN: softrdma.QPN(remote[i].QPN), PSN: softrdma.PSN(remote[i].PSN)}
-		if err := softrdma.Connect(qp, ep, softrdma.PSN(s.psns[i]), softrdma.ConnectOptions{MTU: mtu}); err != nil {
+		if err := softrdma.Connect(qp, ep, softrdma.PSN(s.psns[i]), softrdma.ConnectOptions{MTU: mtu, Timeout: uint8(s.p.QPTimeout)}); err != nil {
 			return fmt.Errorf("connect QP %#x to %v QPN %#x: %w", qp.QPN(), ep.Addr, ep.QPN, err)
 		}
 	}
