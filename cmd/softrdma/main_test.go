@@ -50,7 +50,7 @@ func TestHelp(t *testing.T) {
 	assert.Equal(t, exitOK, code)
 	for _, flag := range []string{"-s, --size", "-n, --iters", "-D, --duration", "-a, --all", "-m, --mtu",
 		"-t, --tx-depth", "-q, --qp", "-p, --port", "--report_gbits", "--json", "--verify", "--file", "--out",
-		"--pcap", "--impair", "--bind"} {
+		"--pcap", "--impair", "--bind", "-u, --qp-timeout"} {
 		assert.Contains(t, out, flag)
 	}
 }
@@ -58,7 +58,7 @@ func TestHelp(t *testing.T) {
 func TestFlagsMapToParams(t *testing.T) {
 	c, cmd, err := parse(t, "write-bw", "-s", "64K", "-n", "100", "-D", "2", "-a", "-m", "1024", "-t", "64",
 		"-r", "256", "-Q", "10", "-q", "1", "-p", "5000", "-I", "100", "--report_gbits", "--json", "--verify",
-		"--pcap", "x.pcap", "--impair", "loss=0.1", "--bind", "10.0.0.1:4791", "127.0.0.2")
+		"--pcap", "x.pcap", "--impair", "loss=0.1", "--bind", "10.0.0.1:4791", "-u", "12", "127.0.0.2")
 	require.NoError(t, err)
 	require.Equal(t, "write-bw", cmd)
 	test, err := perf.ParseTest(cmd)
@@ -66,7 +66,7 @@ func TestFlagsMapToParams(t *testing.T) {
 	o, err := c.tool(test).options(test)
 	require.NoError(t, err)
 	assert.Equal(t, perf.Params{Size: 65536, Iters: 100, Duration: 2 * time.Second, All: true, MTU: 1024,
-		TxDepth: 64, RxDepth: 256, CQMod: 10, QPs: 1, Inline: 100, Atomic: perf.FetchAndAdd, Verify: true}, o.Params)
+		TxDepth: 64, RxDepth: 256, CQMod: 10, QPs: 1, Inline: 100, Atomic: perf.FetchAndAdd, Verify: true, QPTimeout: 12}, o.Params)
 	assert.Equal(t, "127.0.0.2", o.Server)
 	assert.Equal(t, 5000, o.Port)
 	assert.Equal(t, "10.0.0.1:4791", o.Bind)
