@@ -112,6 +112,8 @@ func testTransfers(t *testing.T, o softrdmatest.Options) {
 
 func TestTransfersLoopbackUDP(t *testing.T) { testTransfers(t, softrdmatest.Options{}) }
 
+func TestTransfersIPv6(t *testing.T) { testTransfers(t, softrdmatest.Options{IPv6: true}) }
+
 func TestTransfersPipe(t *testing.T) { testTransfers(t, softrdmatest.Options{Pipe: true}) }
 
 func TestTransfersMTU1024NoOffload(t *testing.T) {

@@ -19,6 +19,7 @@ import (
 // loopback UDP sockets (127.0.0.1, ephemeral ports), MTU 4096, queues of
 // 256 WRs and CQs of 1024.
 type Options struct {
+	IPv6       bool             // bind the devices to [::1] instead of 127.0.0.1
 	Pipe       bool             // use conn.NewPipe (in memory) instead of UDP sockets
 	Impair     *conn.Impairment // applied to both devices
 	Connect    softrdma.ConnectOptions
@@ -75,8 +76,12 @@ func NewPair(tb testing.TB, o Options) *Pair {
 		ca, cb := conn.NewPipe()
 		cfgA.Conn, cfgB.Conn = ca, cb
 	} else {
-		cfgA.Addr = netip.MustParseAddrPort("127.0.0.1:0")
-		cfgB.Addr = netip.MustParseAddrPort("127.0.0.1:0")
+		ip := "127.0.0.1"
+		if o.IPv6 {
+			ip = "::1"
+		}
+		cfgA.Addr = netip.AddrPortFrom(netip.MustParseAddr(ip), 0)
+		cfgB.Addr = netip.AddrPortFrom(netip.MustParseAddr(ip), 0)
 	}
 	for _, c := range []*softrdma.Config{&cfgA, &cfgB} {
 		c.Impair = o.Impair
