@@ -4,7 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"fmt"
 	"math/rand/v2"
+	"os"
+	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -24,11 +28,38 @@ func waitWC(t *testing.T, cq *softrdma.CQ, n int) []softrdma.WC {
 	buf := make([]softrdma.WC, 16)
 	for len(out) < n {
 		k, err := cq.Wait(ctx, buf[:min(len(buf), n-len(out))])
+		if err != nil {
+			if os.Getenv("SOFTRDMA_STACKS") != "" {
+				buf := make([]byte, 1<<20)
+				t.Logf("%s", buf[:runtime.Stack(buf, true)])
+			}
+			for _, d := range debugDevs {
+				var nz []string
+				for _, c := range d.Snapshot() {
+					if c.Value != 0 {
+						nz = append(nz, fmt.Sprintf("%s=%d", c.Name, c.Value))
+					}
+				}
+				t.Logf("%v: %s", d.LocalAddr(), strings.Join(nz, " "))
+			}
+			for _, qp := range debugQPs {
+				t.Logf("QP %d: %+v", qp.QPN(), qp.RequesterState())
+				if !raceEnabled {
+					t.Logf("QP %d responder: %+v", qp.QPN(), qp.ResponderState())
+				}
+			}
+		}
 		require.NoError(t, err, "waiting for %d completions, have %d: %+v", n, len(out), out)
 		out = append(out, buf[:k]...)
 	}
 	return out
 }
+
+// debugQPs are logged when a wait fails.
+var (
+	debugQPs  []*softrdma.QP
+	debugDevs []*softrdma.Device
+)
 
 func fill(seed uint64, b []byte) {
 	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
@@ -56,6 +87,8 @@ var sizes = []int{0, 1, 3, 1023, 1024, 1025, 4096, 65536 + 7, 1 << 20}
 
 func testTransfers(t *testing.T, o softrdmatest.Options) {
 	p := softrdmatest.NewPair(t, o)
+	debugQPs = []*softrdma.QP{p.A.QP, p.B.QP}
+	debugDevs = []*softrdma.Device{p.A.Dev, p.B.Dev}
 	const max = 1 << 20
 	src, srcMR := reg(t, p.A, max, rw)
 	dst, dstMR := reg(t, p.B, max+8192, rw)
@@ -113,6 +146,15 @@ func testTransfers(t *testing.T, o softrdmatest.Options) {
 func TestTransfersLoopbackUDP(t *testing.T) { testTransfers(t, softrdmatest.Options{}) }
 
 func TestTransfersIPv6(t *testing.T) { testTransfers(t, softrdmatest.Options{IPv6: true}) }
+
+// TestTransfersAcrossPSNWrap starts both PSNs a few packets before 2^24 so
+// that every transfer crosses the wrap (IBTA 9.7.1: PSNs are modulo 2^24).
+func TestTransfersAcrossPSNWrap(t *testing.T) {
+	imp, err := conn.ParseImpairment("loss=0.01,reorder=0.01,seed=11")
+	require.NoError(t, err)
+	testTransfers(t, softrdmatest.Options{StartPSN: &[2]uint32{0xfffff0, 0xffffff}, Impair: imp,
+		Connect: softrdma.ConnectOptions{Timeout: 12}})
+}
 
 func TestTransfersPipe(t *testing.T) { testTransfers(t, softrdmatest.Options{Pipe: true}) }
 

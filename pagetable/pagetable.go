@@ -394,12 +394,10 @@ func (t *Table) Translate(iova uint64, n int, write bool) ([]byte, Result) {
 // dirty pages bumps the count first. ok is false when the range must be
 // walked with CopyIn/CopyOut (or is out of range).
 func (t *Table) Span(iova, n uint64, write bool) (b []byte, seq uint64, ok bool) {
-	off, in := t.offset(iova, n)
-	if !in {
-		return nil, 0, false
-	}
 	seq = t.seq.Load()
-	if seq&1 != 0 || !t.direct.Load() || (write && !t.writable) {
+	off := iova - t.iova
+	if !t.direct.Load() || seq&1 != 0 || (write && !t.writable) ||
+		iova < t.iova || n > t.length || off > t.length-n {
 		return nil, 0, false
 	}
 	return t.flat[off : off+n : off+n], seq, true

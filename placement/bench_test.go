@@ -55,6 +55,64 @@ func BenchmarkWrite(b *testing.B) {
 	}
 }
 
+// streamSize is the destination of the streaming benchmarks: like the
+// memcpy.large figures of perf-anchors.md, consecutive slots of a large
+// pre-faulted region (here 32 MiB, beyond the caches), wrapping.
+const streamSize = 32 << 20
+
+// BenchmarkCopyStream is copy() into consecutive slots of a large region:
+// what a receive path does when messages fill a big buffer.
+func BenchmarkCopyStream(b *testing.B) {
+	for _, sz := range benchSizes {
+		b.Run(sz.name, func(b *testing.B) {
+			dst := make([]byte, streamSize)
+			for i := range dst {
+				dst[i] = 1
+			}
+			src := make([]byte, sz.n)
+			b.SetBytes(int64(sz.n))
+			b.ReportAllocs()
+			off := 0
+			for b.Loop() {
+				copy(dst[off:], src)
+				if off += sz.n; off+sz.n > streamSize {
+					off = 0
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkWriteStream is BenchmarkWrite (one WRITE ONLY message per op)
+// into consecutive slots of a large region.
+func BenchmarkWriteStream(b *testing.B) {
+	for _, sz := range benchSizes {
+		b.Run(sz.name, func(b *testing.B) {
+			e := placement.New(placement.Config{})
+			mr, err := e.RegMR(pd1, make([]byte, streamSize), rw)
+			if err != nil {
+				b.Skip(err) // 32 MiB exceeds RLIMIT_MEMLOCK without CAP_IPC_LOCK
+			}
+			defer e.DeregMR(mr)
+			src := make([]byte, sz.n)
+			b.SetBytes(int64(sz.n))
+			b.ReportAllocs()
+			var c placement.Cursor
+			off := uint64(0)
+			for b.Loop() {
+				if e.Begin(&c, pd1, mr.RKey(), mr.Addr()+off, uint64(sz.n), stag.AccessRemoteWrite) != placement.OK ||
+					e.Write(&c, src) != placement.OK {
+					b.Fatal("placement failed")
+				}
+				e.End(&c)
+				if off += uint64(sz.n); off+uint64(sz.n) > streamSize {
+					off = 0
+				}
+			}
+		})
+	}
+}
+
 // BenchmarkWritePacket places the packets of long messages: mostly Write
 // alone, as for MIDDLE packets (Begin and End run once per message of as
 // many packets as fit in the 2 MiB region; the destination walks through

@@ -19,6 +19,7 @@ import (
 // loopback UDP sockets (127.0.0.1, ephemeral ports), MTU 4096, queues of
 // 256 WRs and CQs of 1024.
 type Options struct {
+	StartPSN   *[2]uint32       // first send PSNs of A and B (default random), e.g. near the 2^24 wrap
 	IPv6       bool             // bind the devices to [::1] instead of 127.0.0.1
 	Pipe       bool             // use conn.NewPipe (in memory) instead of UDP sockets
 	Impair     *conn.Impairment // applied to both devices
@@ -94,6 +95,9 @@ func NewPair(tb testing.TB, o Options) *Pair {
 	p.A = newSide(tb, cfgA, o)
 	p.B = newSide(tb, cfgB, o)
 	pa, pb := softrdma.PSN(rand.Uint32()&0xffffff), softrdma.PSN(rand.Uint32()&0xffffff)
+	if o.StartPSN != nil {
+		pa, pb = softrdma.PSN(o.StartPSN[0]&0xffffff), softrdma.PSN(o.StartPSN[1]&0xffffff)
+	}
 	if err := softrdma.Connect(p.A.QP, softrdma.Endpoint{Addr: p.B.Dev.LocalAddr(), QPN: p.B.QP.QPN(), PSN: pb}, pa, o.Connect); err != nil {
 		tb.Fatalf("softrdmatest: connect A: %v", err)
 	}

@@ -44,6 +44,7 @@ func (qp *QP) completer(p *wire.Packet, path *path) bool {
 	}
 	if psn.Before(c.psn) {
 		ctr.drop(DropDuplicateResponse)
+		qp.responderAlive()
 		return false
 	}
 	op := p.Opcode()
@@ -52,7 +53,7 @@ func (qp *QP) completer(p *wire.Packet, path *path) bool {
 		return qp.onAETH(p.AETH().Syndrome(), psn)
 	case wire.OpAtomicAcknowledge:
 		if !qp.ackUpTo(psn.Sub(1)) {
-			return qp.retry()
+			return qp.impliedNAK()
 		}
 		w := qp.oldest()
 		if w == nil || !w.psnSet || (w.wr.Opcode != WRAtomicCmpAndSwp && w.wr.Opcode != WRAtomicFetchAndAdd) || w.firstPSN != psn {
@@ -71,7 +72,7 @@ func (qp *QP) completer(p *wire.Packet, path *path) bool {
 		return true
 	default: // READ responses
 		if !qp.ackUpTo(psn.Sub(1)) {
-			return qp.retry()
+			return qp.impliedNAK()
 		}
 		w := qp.oldest()
 		if w == nil || !w.psnSet || w.wr.Opcode != WRRDMARead ||
@@ -83,17 +84,29 @@ func (qp *QP) completer(p *wire.Packet, path *path) bool {
 		want := w.firstPSN.Add(uint32(w.readDone / mtu))
 		if psn != want {
 			if want.Before(psn) {
-				// A response was lost: ask again for the rest, once per
-				// missing PSN (the timer covers a lost re-request).
+				// A response was lost: ask again for the rest (IBTA
+				// 9.7.5.1.? requester behaviour on a missing READ
+				// response). Responses of the earlier stream keep
+				// arriving after the re-request and look like gaps too,
+				// so while a re-request is pending, gaps are ignored until
+				// the new stream has overtaken the furthest response seen
+				// when it was sent; the retransmit timer covers a lost
+				// re-request.
 				ctr.drop(DropPSNOutOfWindow)
-				if c.readRetry != want || !c.readRetrySet {
-					c.readRetry, c.readRetrySet = want, true
-					ctr.RcvdSeqErr.Add(1)
-					return qp.retry()
+				qp.responderAlive()
+				if c.readRetryPending {
+					if c.readRetryUntil.Before(psn) {
+						c.readRetryUntil = psn
+					}
+					return false
 				}
-				return false
+				c.readRetryPending = true
+				c.readRetryUntil = psn
+				ctr.RcvdSeqErr.Add(1)
+				return qp.retry()
 			}
 			ctr.drop(DropDuplicateResponse)
+			qp.responderAlive()
 			return false
 		}
 		info := p.Info
@@ -111,7 +124,9 @@ func (qp *QP) completer(p *wire.Packet, path *path) bool {
 		}
 		w.readDone += n
 		c.psn = psn.Add(1)
-		c.readRetrySet = false
+		if c.readRetryPending && !psn.Before(c.readRetryUntil) {
+			c.readRetryPending = false
+		}
 		if last {
 			qp.retire(w, WCSuccess)
 		}
@@ -127,6 +142,9 @@ func (qp *QP) onAETH(syn wire.Syndrome, psn wire.PSN) bool {
 	ctr := &qp.dev.counters
 	switch syn.Type() {
 	case wire.TypeACK:
+		if c.nakRetryPending && !psn.Before(c.nakRetryPSN) {
+			c.nakRetryPending = false
+		}
 		if !qp.ackUpTo(psn) {
 			return qp.retry()
 		}
@@ -138,7 +156,7 @@ func (qp *QP) onAETH(syn wire.Syndrome, psn wire.PSN) bool {
 	case wire.TypeRNRNAK:
 		ctr.RcvdRNRErr.Add(1)
 		if !qp.ackUpTo(psn.Sub(1)) {
-			return qp.retry()
+			return qp.impliedNAK()
 		}
 		c.psn = psn
 		if c.rnrRetry == 0 {
@@ -153,12 +171,24 @@ func (qp *QP) onAETH(syn wire.Syndrome, psn wire.PSN) bool {
 		qp.armTimer(timeDuration(wire.RNRTimerNanoseconds(syn.Value())))
 		return false
 	case wire.TypeNAK:
+		if syn != wire.SyndromeNAKPSNSeqErr {
+			qp.failAt(psn, syn)
+			return false
+		}
 		if !qp.ackUpTo(psn.Sub(1)) {
-			return qp.retry()
+			return qp.impliedNAK()
 		}
 		c.psn = psn
 		if syn == wire.SyndromeNAKPSNSeqErr {
 			ctr.RcvdSeqErr.Add(1)
+			// A second NAK for the PSN we already went back to adds
+			// nothing (the responder NAKs once per gap; a repeat comes
+			// from reordered stale packets): do not resend the window
+			// again. Progress past the PSN re-arms it.
+			if c.nakRetryPending && c.nakRetryPSN == psn {
+				return false
+			}
+			c.nakRetryPending, c.nakRetryPSN = true, psn
 			if c.retryCnt == 0 {
 				qp.fail(qp.oldest(), WCRetryExcErr)
 				ctr.RetryExceededErr.Add(1)
@@ -169,20 +199,47 @@ func (qp *QP) onAETH(syn wire.Syndrome, psn wire.PSN) bool {
 			}
 			return qp.retry()
 		}
-		status := WCRemInvReqErr
-		switch syn {
-		case wire.SyndromeNAKRemoteAccess:
-			status = WCRemAccessErr
-		case wire.SyndromeNAKRemoteOp:
-			status = WCRemOpErr
-		case wire.SyndromeNAKInvalidRDReq:
-			status = WCRemInvRDReqErr
-		}
-		qp.fail(qp.oldest(), status)
-		return false
 	}
 	ctr.drop(DropMalformed)
 	return false
+}
+
+// failAt handles a fatal NAK (invalid request, remote access or remote
+// operational error) for PSN psn: the WQEs acknowledged before it complete
+// as usual, an older READ or atomic still waiting for its response is
+// flushed (the responder has gone to ERR and will not answer it), the WQE
+// that holds psn completes with the status the syndrome names (IBTA
+// 9.7.5.2 / Table 42), and the QP goes to ERR; completions stay in order.
+func (qp *QP) failAt(psn wire.PSN, syn wire.Syndrome) {
+	status := WCRemInvReqErr
+	switch syn {
+	case wire.SyndromeNAKRemoteAccess:
+		status = WCRemAccessErr
+	case wire.SyndromeNAKRemoteOp:
+		status = WCRemOpErr
+	case wire.SyndromeNAKInvalidRDReq:
+		status = WCRemInvRDReqErr
+	}
+	qp.ackUpTo(psn.Sub(1))
+	qp.setError()
+	for w := qp.oldest(); w != nil; w = qp.oldest() {
+		if !w.psnSet || psn.Before(w.firstPSN) {
+			break
+		}
+		st := WCWRFlushErr
+		if !w.lastPSN.Before(psn) {
+			st = status
+		}
+		qp.complete(w, st, true)
+		qp.comp.idx++
+		if st == status {
+			break
+		}
+	}
+	if qp.req.idx < qp.comp.idx {
+		qp.req.idx = qp.comp.idx
+	}
+	qp.fatal = true
 }
 
 // oldest returns the oldest incomplete WQE, or nil.
@@ -225,6 +282,9 @@ func (qp *QP) retire(w *sendWQE, st WCStatus) {
 	if isRdAtomic(w.wr.Opcode) && qp.req.rdAtomic > 0 && qp.comp.idx < qp.req.acct {
 		qp.req.rdAtomic--
 	}
+	if isRdAtomic(w.wr.Opcode) {
+		qp.comp.readRetryPending = false
+	}
 	qp.comp.idx++
 	if qp.req.idx < qp.comp.idx || (qp.req.idx == qp.comp.idx && qp.req.psn.Before(qp.comp.psn)) {
 		qp.req.idx, qp.req.acct, qp.req.offset = qp.comp.idx, qp.comp.idx, 0
@@ -237,11 +297,42 @@ func (qp *QP) retire(w *sendWQE, st WCStatus) {
 	qp.comp.rnrRetry = qp.attr.RNRRetry
 }
 
+// impliedNAK handles a response that acknowledges past a READ or atomic
+// whose response has not arrived (IBTA 9.7.5.1: the responses were lost):
+// the requester asks again from that WQE. With reordering the responses may
+// only be late, so one such retry is pending at a time, until the WQE
+// completes or the retransmit timer fires.
+func (qp *QP) impliedNAK() bool {
+	c := &qp.comp
+	if c.readRetryPending {
+		return false
+	}
+	c.readRetryPending = true
+	c.readRetryUntil = qp.req.hiPSN
+	if w := qp.oldest(); w != nil && w.psnSet {
+		c.readRetryUntil = w.lastPSN
+	}
+	return qp.retry()
+}
+
 // retry starts go-back-N from the oldest unacknowledged PSN.
 func (qp *QP) retry() bool {
 	qp.dev.counters.CompleterRetryErr.Add(1)
 	qp.rewind()
 	return true
+}
+
+// responderAlive pushes the retransmit deadline back when a response
+// arrives that is not progress (a duplicate or an out-of-order READ
+// response): the responder is still answering an earlier request, and a
+// timeout now would only ask it to send the same data again, which under
+// load feeds on itself. The retry counter is not reset.
+func (qp *QP) responderAlive() {
+	if qp.comp.timerArmed {
+		if d := qp.timeoutDuration(); d != 0 {
+			qp.comp.deadline = time.Now().Add(d)
+		}
+	}
 }
 
 // progress re-arms or stops the retransmit timer after forward progress.

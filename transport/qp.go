@@ -208,15 +208,21 @@ type reqState struct {
 
 // compState is the completer's state (rxe qp->comp). Guarded by sq.
 type compState struct {
-	idx          uint64    // oldest WQE not completed
-	psn          wire.PSN  // oldest PSN not acknowledged
-	retryCnt     uint8     // retries left (7 = forever)
-	rnrRetry     uint8     // RNR retries left (7 = forever)
-	rnrWait      bool      // waiting for the RNR timer
-	deadline     time.Time // when the armed timer expires without progress
-	readRetry    wire.PSN  // the READ response PSN a re-request was sent for
-	readRetrySet bool
-	timerArmed   bool
+	idx      uint64    // oldest WQE not completed
+	psn      wire.PSN  // oldest PSN not acknowledged
+	retryCnt uint8     // retries left (7 = forever)
+	rnrRetry uint8     // RNR retries left (7 = forever)
+	rnrWait  bool      // waiting for the RNR timer
+	deadline time.Time // when the armed timer expires without progress
+	// readRetryPending: a READ re-request was sent and the responses of
+	// the earlier stream, up to readRetryUntil, may still arrive.
+	readRetryPending bool
+	readRetryUntil   wire.PSN
+	// nakRetryPending: the requester went back to nakRetryPSN after a PSN
+	// sequence error NAK and has not been acknowledged past it yet.
+	nakRetryPending bool
+	nakRetryPSN     wire.PSN
+	timerArmed      bool
 }
 
 // respState is the responder's state (rxe qp->resp). Owned by the receive loop.
@@ -229,11 +235,12 @@ type respState struct {
 	recv      recvWQE     // the receive WQE a SEND is filling
 	haveRecv  bool
 	recvOff   uint64
-	wcStatus  WCStatus // error to report for the current SEND (e.g. LocLenErr)
-	cur       placement.Cursor
-	wlen      uint64  // WRITE: DMA length of the current message
-	wdone     uint64  // WRITE: bytes placed
-	res       []rdRes // READ/atomic resources (max_dest_rd_atomic), a ring
+	wcStatus  WCStatus         // error to report for the current SEND (e.g. LocLenErr)
+	cur       placement.Cursor // the RDMA WRITE in progress
+	readCur   placement.Cursor // READ responses being sent
+	wlen      uint64           // WRITE: DMA length of the current message
+	wdone     uint64           // WRITE: bytes placed
+	res       []rdRes          // READ/atomic resources (max_dest_rd_atomic), a ring
 	resNext   int
 	ackPend   bool // an ACK is owed, coalesced until the end of the receive batch
 	ackPSN    wire.PSN

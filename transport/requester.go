@@ -356,6 +356,7 @@ func (qp *QP) onTimer() {
 	}
 	qp.dev.counters.RetransmitTimeouts.Add(1)
 	qp.dev.counters.CompleterRetryErr.Add(1)
+	c.readRetryPending, c.nakRetryPending = false, false
 	qp.rewind()
 	c.timerArmed = false
 	qp.armTimer(qp.timeoutDuration())

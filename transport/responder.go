@@ -222,11 +222,11 @@ func (qp *QP) execRead(p *wire.Packet, path *path, b *txBatch) {
 	length := uint64(reth.DMALength())
 	psn := p.PSN()
 	if length > 0 {
-		if st := qp.dev.place.Begin(&r.cur, qp.pd, reth.RKey(), reth.VA(), length, stag.AccessRemoteRead); st != placement.OK {
+		if st := qp.dev.place.Begin(&r.readCur, qp.pd, reth.RKey(), reth.VA(), length, stag.AccessRemoteRead); st != placement.OK {
 			qp.respError(b, path, DropAccess, syndromeFor(st), statusFor(st))
 			return
 		}
-		qp.dev.place.End(&r.cur)
+		qp.dev.place.End(&r.readCur)
 	}
 	npkts := packetsFor(length, path.mtu)
 	res := &r.res[r.resNext]
@@ -248,12 +248,14 @@ func (qp *QP) execRead(p *wire.Packet, path *path, b *txBatch) {
 func (qp *QP) sendReadResponses(b *txBatch, path *path, psn wire.PSN, va uint64, rkey uint32, length uint64) {
 	r := &qp.resp
 	e := qp.dev.place
+	// READ responses use their own cursor: a duplicate READ may arrive in
+	// the middle of a multi-packet WRITE, whose cursor must survive it.
 	if length > 0 {
-		if st := e.Begin(&r.cur, qp.pd, rkey, va, length, stag.AccessRemoteRead); st != placement.OK {
+		if st := e.Begin(&r.readCur, qp.pd, rkey, va, length, stag.AccessRemoteRead); st != placement.OK {
 			qp.sendAck(b, path, syndromeFor(st), psn)
 			return
 		}
-		defer e.End(&r.cur)
+		defer e.End(&r.readCur)
 	}
 	mtu := uint64(path.mtu)
 	npkts := packetsFor(length, path.mtu)
@@ -279,7 +281,7 @@ func (qp *QP) sendReadResponses(b *txBatch, path *path, psn wire.PSN, va uint64,
 			wire.AETH(buf[info.Offset[wire.HdrAETH]:]).Encode(wire.SyndromeACK, r.msn)
 		}
 		if n > 0 {
-			if st := e.Read(&r.cur, buf[info.Length:info.Length+int(n)]); st != placement.OK {
+			if st := e.Read(&r.readCur, buf[info.Length:info.Length+int(n)]); st != placement.OK {
 				b.n-- // drop the half-built packet
 				qp.sendAck(b, path, syndromeFor(st), psn.Add(i))
 				return

@@ -1,0 +1,5 @@
+//go:build race
+
+package softrdma_test
+
+const raceEnabled = true
