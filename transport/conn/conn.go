@@ -180,6 +180,12 @@ type Config struct {
 	// Tap, if not nil, sees every datagram (see Tap).
 	Tap Tap
 
+	// NoICRC sends datagrams without computing the ICRC trailer and
+	// accepts every received datagram without checking it. It exists for
+	// one purpose: a raw-UDP baseline in benchmarks that costs what plain
+	// UDP costs with the same batching. Never use it for RoCE traffic.
+	NoICRC bool
+
 	// Logf, if not nil, receives warnings (buffer sizes not obtained,
 	// offloads turned off at run time). Nothing is logged per packet.
 	Logf func(format string, args ...any)

@@ -103,6 +103,7 @@ func Listen(cfg Config) (*UDPConn, error) {
 	local := netip.AddrPortFrom(la.Addr().Unmap(), la.Port())
 	c := &UDPConn{pc: pc}
 	c.core.init(local, new(bufPool), cfg.Logf)
+	c.core.noICRC = cfg.NoICRC
 	c.core.emit = c.emitBatch
 	c.core.checkDst = c.checkDst
 	c.maxGSO = maxGSO4
