@@ -74,7 +74,8 @@ func FuzzResponder(f *testing.F) {
 		for i := 0; i < 100; i++ {
 			r.qp.PostRecv(RecvWR{WRID: 1, SGL: []SGE{{Addr: base, Length: 4096, LKey: r.mr.LKey()}}})
 		}
-		for len(in) >= 2 {
+		// At most 64 packets per input keeps each execution short.
+		for k := 0; len(in) >= 2 && k < 64; k++ {
 			n := int(binary.BigEndian.Uint16(in))
 			in = in[2:]
 			if n > len(in) {
@@ -92,9 +93,9 @@ func FuzzResponder(f *testing.F) {
 			if after == before {
 				t.Fatalf("packet % x neither received nor counted as dropped", p)
 			}
-			if !r.guardsIntact() {
-				t.Fatalf("bytes written outside the MR after % x", p)
-			}
+		}
+		if !r.guardsIntact() {
+			t.Fatalf("bytes written outside the MR")
 		}
 		// What the device answers piles up at the peer, whose full queue
 		// drops and counts; nothing blocks.
