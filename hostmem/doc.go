@@ -5,9 +5,13 @@
 // the address space that tells a translation table which NIC-side frame
 // backs an application page.
 //
-// Later issues add page migration (switching an application mapping to new
-// memfd pages with MAP_FIXED) and notifiers (the mmu_interval_notifier
-// analogue) here; see docs/memory.md.
+// AddressSpace is the application's address space of demand paging
+// (issue 3): memfd frames mapped both into a reserved application range and
+// at fixed NIC addresses, with Alloc, Free (the munmap of this world),
+// Protect, Migrate and Resolve, pinning through a PinAccount, and
+// subscriptions in the manner of Linux's mmu_interval_notifier
+// (invalidate callbacks, ReadBegin/ReadRetry with a sequence count). See
+// docs/memory.md, "Host address space and notifiers", for the protocol.
 package hostmem
 
 import "golang.org/x/sys/unix"

@@ -1,0 +1,705 @@
+package hostmem
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Errors of AddressSpace. Resolve returns them bare (it runs on the fault
+// path and allocates nothing); the other methods wrap them with the
+// operation and the range.
+var (
+	ErrNotMapped   = errors.New("hostmem: address not mapped")
+	ErrMapped      = errors.New("hostmem: address already mapped")
+	ErrReadOnly    = errors.New("hostmem: page is read-only")
+	ErrNotResident = errors.New("hostmem: page not resident")
+	ErrNoSpace     = errors.New("hostmem: address space exhausted")
+	ErrNoFrames    = errors.New("hostmem: frame pool exhausted")
+	ErrPinned      = errors.New("hostmem: page is pinned")
+	ErrRaced       = errors.New("hostmem: the range changed during the migration")
+	ErrClosed      = errors.New("hostmem: address space closed")
+	ErrBusy        = errors.New("hostmem: address space in use")
+)
+
+// maxSize bounds Config.Size: 2^31 frames, so that a frame number plus one
+// fits the page map entry's 32 bits.
+const maxSize = 1 << 43
+
+// DefaultSize is the application address space an AddressSpace reserves
+// when Config.Size is 0, and the capacity of its frame pool.
+const DefaultSize = 64 << 30
+
+// Config configures an AddressSpace.
+type Config struct {
+	// Size is the bytes of application address space to reserve; it is
+	// also the capacity of the frame pool (the memfd's size and the NIC
+	// mapping's). Rounded up to 2 MiB. 0: DefaultSize. Nothing is committed
+	// up front: the reservation is PROT_NONE and the memfd is sparse.
+	Size int64
+}
+
+// Range is a range of application addresses [Start, End).
+type Range struct{ Start, End uint64 }
+
+// Len returns the bytes in r.
+func (r Range) Len() uint64 { return r.End - r.Start }
+
+// Overlaps reports whether r and o share a byte.
+func (r Range) Overlaps(o Range) bool { return r.Start < o.End && o.Start < r.End }
+
+// Intersect returns the bytes r and o share (empty if none).
+func (r Range) Intersect(o Range) Range {
+	s, e := max(r.Start, o.Start), min(r.End, o.End)
+	if s >= e {
+		return Range{}
+	}
+	return Range{s, e}
+}
+
+func (r Range) String() string { return fmt.Sprintf("[%#x, %#x)", r.Start, r.End) }
+
+// Frame names a page of an AddressSpace's memfd: frame f is the page at
+// file offset f<<PageShift, and the NIC reaches it at FramePointer(f). It is
+// the physical page of this world.
+type Frame uint32
+
+// Page is what Resolve reports about one application page.
+type Page struct {
+	Frame Frame
+	// NIC is the NIC-side address of the page's first byte (inside the
+	// NIC mapping, which stays mapped until Close).
+	NIC unsafe.Pointer
+	// Writable: the application may write the page, so the NIC may too.
+	Writable bool
+}
+
+// Access says what Resolve is asked for.
+type Access uint8
+
+const (
+	// ResolveWrite: the NIC will write the page. Resolve fails with
+	// ErrReadOnly if the application's mapping is read-only.
+	ResolveWrite Access = 1 << iota
+	// ResolveNoFault: do not populate. Resolve fails with ErrNotResident if
+	// the page has never been touched (ibv_advise_mr's PREFETCH_NO_FAULT).
+	ResolveNoFault
+)
+
+// AddressSpace is the address space of one application: the analogue of a
+// process's mm. The application and the NIC both map its memory, which is
+// made of frames, the pages of one memfd:
+//
+//   - the application's view is one large virtual range reserved once
+//     (PROT_NONE); Alloc maps frames into it with MAP_FIXED, Free maps
+//     PROT_NONE back (the munmap of this world), Migrate maps other frames
+//     under the same addresses;
+//   - the NIC's view is a second MAP_SHARED mapping of the whole memfd, so
+//     frame f is at a fixed NIC address for the life of the AddressSpace
+//     (the physical address of this world: a NIC DMAs to frames, never
+//     through the application's page tables).
+//
+// There is one AddressSpace per application process (per mm), not per
+// device: any number of devices register memory regions on it and
+// subscribe to its notifiers, as two RDMA NICs DMA into one process. (A
+// daemon serving several client processes has one per client, the client
+// mapping the same memfd.)
+//
+// Subscriptions (Subscribe) are the mmu_interval_notifier analogue: every
+// change that takes frames away from application pages (Free, Migrate,
+// Protect to read-only) calls the Invalidate callback of each subscription
+// overlapping the range, before the change, and makes the subscription's
+// sequence count odd for its duration, so that a fault racing it retries
+// (ReadBegin / ReadRetry). docs/memory.md ("Host address space and
+// notifiers") states the protocol.
+//
+// Locking. mu is the mmap lock of this world: Alloc, AllocAt, Free,
+// Protect, PrepareMigrate, Migration.Commit, Pin and Close take it, and
+// Free, Protect and Commit hold it across the Invalidate callbacks. Resolve,
+// FrameOf, ReadBegin, ReadRetry and FramePin.Unpin do not take it. An
+// AddressSpace is safe for concurrent use.
+type AddressSpace struct {
+	appBase unsafe.Pointer // reservation: the application's view
+	nicBase unsafe.Pointer // NIC mapping of the whole memfd
+	base    uint64         // uint64(uintptr(appBase))
+	size    uintptr        // bytes in each view
+	npages  uintptr        // pages in each view (= frames in the pool)
+	fd      int            // the memfd
+
+	// dir is the page map: application page -> pte (see pte). Chunks are
+	// created under mu and never freed; entries are atomics, so Resolve
+	// reads them without a lock.
+	dir    []atomic.Pointer[ptChunk]
+	closed atomic.Bool
+
+	mu struct {
+		sync.Mutex
+		free   extents // free application pages
+		mapped int     // application pages mapped
+	}
+
+	frames frameAllocator
+
+	subs struct {
+		sync.Mutex
+		ended sync.Cond       // broadcast when sequence counts become even, and when an invalidation is over
+		list  []*Subscription // guarded by Mutex
+		// active is the invalidation in progress (at most one: they
+		// all hold mu). Guarded by Mutex.
+		active *invalidation
+	}
+
+	stats struct {
+		populated     atomic.Int64
+		invalidations atomic.Int64
+		migrated      atomic.Int64
+	}
+}
+
+// pte layout: the frame number plus one in the low 32 bits (0: page not
+// mapped), then flags.
+const (
+	pteFrame     = 1<<32 - 1
+	pteReadOnly  = 1 << 32 // the application maps the page PROT_READ
+	ptePopulated = 1 << 33 // the frame holds a page: Resolve need not populate it
+)
+
+const (
+	chunkShift = 9 // 512 entries (2 MiB of address space) per chunk
+	chunkPages = 1 << chunkShift
+)
+
+type ptChunk [chunkPages]atomic.Uint64
+
+// NewAddressSpace reserves the application's address range, creates the
+// memfd and maps the NIC's view. Close releases all three.
+func NewAddressSpace(cfg Config) (*AddressSpace, error) {
+	size := cfg.Size
+	if size == 0 {
+		size = DefaultSize
+	}
+	const align = chunkPages << PageShift
+	if size < 0 || size > maxSize {
+		return nil, fmt.Errorf("hostmem: address space of %d bytes: size must be between 0 and 8 TiB", size)
+	}
+	n := (uintptr(size) + align - 1) &^ (align - 1)
+	fd, err := unix.MemfdCreate("softrdma-as", unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("hostmem: memfd_create: %w", err)
+	}
+	if err := unix.Ftruncate(fd, int64(n)); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("hostmem: ftruncate memfd to %d bytes: %w", n, err)
+	}
+	app, err := unix.MmapPtr(-1, 0, nil, n, unix.PROT_NONE, reserveFlags)
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("hostmem: reserve %d bytes of address space: %w", n, err)
+	}
+	nic, err := unix.MmapPtr(fd, 0, nil, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_NORESERVE)
+	if err != nil {
+		_ = unix.MunmapPtr(app, n)
+		unix.Close(fd)
+		return nil, fmt.Errorf("hostmem: map the NIC view (%d bytes): %w", n, err)
+	}
+	s := &AddressSpace{
+		appBase: app,
+		nicBase: nic,
+		base:    uint64(uintptr(app)),
+		size:    n,
+		npages:  n >> PageShift,
+		fd:      fd,
+		dir:     make([]atomic.Pointer[ptChunk], n>>(PageShift+chunkShift)),
+	}
+	s.mu.free = extents{{0, s.npages}}
+	s.frames.init(uint32(s.npages))
+	s.subs.ended.L = &s.subs.Mutex
+	return s, nil
+}
+
+// reserveFlags map the PROT_NONE reservation, and map it back over freed
+// pages: the same flags let the kernel merge the pieces into one VMA again.
+const reserveFlags = unix.MAP_PRIVATE | unix.MAP_ANONYMOUS | unix.MAP_NORESERVE
+
+// Close unmaps both views and closes the memfd. It fails with ErrBusy
+// while subscriptions or pins remain (their page tables point into the NIC
+// view). Migrations not yet released need no cleanup. The other methods
+// fail with ErrClosed afterwards; none may still be running when Close is
+// called.
+func (s *AddressSpace) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed.Load() {
+		return ErrClosed
+	}
+	s.subs.Lock()
+	nsubs := len(s.subs.list)
+	s.subs.Unlock()
+	if nsubs > 0 {
+		return fmt.Errorf("%w: close: %d subscriptions remain", ErrBusy, nsubs)
+	}
+	if npins := s.frames.pinnedFrames(); npins > 0 {
+		return fmt.Errorf("%w: close: %d frames pinned", ErrBusy, npins)
+	}
+	s.closed.Store(true)
+	err := errors.Join(unix.MunmapPtr(s.appBase, s.size), unix.MunmapPtr(s.nicBase, s.size), unix.Close(s.fd))
+	if err != nil {
+		return fmt.Errorf("hostmem: close address space: %w", err)
+	}
+	return nil
+}
+
+// Bounds returns the reserved application range.
+func (s *AddressSpace) Bounds() Range { return Range{s.base, s.base + uint64(s.size)} }
+
+// AddrOf returns the address of b's first byte (b must not be empty).
+func AddrOf(b []byte) uint64 { return uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b)))) }
+
+// FramePointer returns the NIC address of frame f's first byte.
+func (s *AddressSpace) FramePointer(f Frame) unsafe.Pointer {
+	if uintptr(f) >= s.npages {
+		panic("hostmem: frame out of range")
+	}
+	return unsafe.Add(s.nicBase, uintptr(f)<<PageShift)
+}
+
+// FrameBytes returns the NIC's view of frame f (PageSize bytes). Reading a
+// frame that holds no page allocates nothing: it reads zeros.
+func (s *AddressSpace) FrameBytes(f Frame) []byte {
+	return unsafe.Slice((*byte)(s.FramePointer(f)), PageSize)
+}
+
+// frameRun returns the NIC's view of n frames from f.
+func (s *AddressSpace) frameRun(f Frame, n int) []byte {
+	return unsafe.Slice((*byte)(s.FramePointer(f)), n<<PageShift)
+}
+
+// pageOf returns the page index of application address addr.
+func (s *AddressSpace) pageOf(addr uint64) (uintptr, bool) {
+	if addr < s.base || addr-s.base >= uint64(s.size) {
+		return 0, false
+	}
+	return uintptr(addr-s.base) >> PageShift, true
+}
+
+// pte returns the entry of page p, or nil if its chunk was never created
+// (no page in it was ever mapped).
+func (s *AddressSpace) pte(p uintptr) *atomic.Uint64 {
+	c := s.dir[p>>chunkShift].Load()
+	if c == nil {
+		return nil
+	}
+	return &c[p&(chunkPages-1)]
+}
+
+// ptePtr returns the entry of page p, creating its chunk. Called with mu.
+func (s *AddressSpace) ptePtr(p uintptr) *atomic.Uint64 {
+	d := &s.dir[p>>chunkShift]
+	c := d.Load()
+	if c == nil {
+		c = new(ptChunk)
+		d.Store(c)
+	}
+	return &c[p&(chunkPages-1)]
+}
+
+func (s *AddressSpace) appPtr(p uintptr) unsafe.Pointer { return unsafe.Add(s.appBase, p<<PageShift) }
+
+// checkRange converts [addr, addr+size) to pages; addr must be page aligned.
+func (s *AddressSpace) checkRange(op string, addr uint64, size int) (p, n uintptr, err error) {
+	if s.closed.Load() {
+		return 0, 0, ErrClosed
+	}
+	if size <= 0 {
+		return 0, 0, fmt.Errorf("hostmem: %s %#x+%d: size must be positive", op, addr, size)
+	}
+	if addr&pageMask != 0 {
+		return 0, 0, fmt.Errorf("hostmem: %s %#x+%d: address not page aligned", op, addr, size)
+	}
+	n = (uintptr(size) + pageMask) >> PageShift
+	p, ok := s.pageOf(addr)
+	if !ok || n > s.npages-p {
+		return 0, 0, fmt.Errorf("%w: %s %#x+%d: outside the address space %v", ErrNotMapped, op, addr, size, s.Bounds())
+	}
+	return p, n, nil
+}
+
+// lockOpen takes mu, failing with ErrClosed (and mu not held) once the
+// address space is closed: nothing may be mapped into a reservation that
+// no longer exists.
+func (s *AddressSpace) lockOpen() error {
+	s.mu.Lock()
+	if s.closed.Load() {
+		s.mu.Unlock()
+		return ErrClosed
+	}
+	return nil
+}
+
+// checkMapped returns an error unless pages [p, p+n) are all mapped.
+// Called with mu.
+func (s *AddressSpace) checkMapped(op string, p, n uintptr) error {
+	for i := p; i < p+n; i++ {
+		if e := s.pte(i); e == nil || e.Load()&pteFrame == 0 {
+			return fmt.Errorf("%w: %s: page %#x", ErrNotMapped, op, s.base+uint64(i)<<PageShift)
+		}
+	}
+	return nil
+}
+
+// Alloc maps size bytes (rounded up to whole pages) of fresh frames at the
+// lowest free application address and returns the application's view,
+// zero-filled (len = size). The frames hold no memory until touched.
+func (s *AddressSpace) Alloc(size int) ([]byte, error) {
+	if s.closed.Load() {
+		return nil, ErrClosed
+	}
+	if size <= 0 {
+		return nil, fmt.Errorf("hostmem: alloc %d bytes: size must be positive", size)
+	}
+	n := (uintptr(size) + pageMask) >> PageShift
+	if err := s.lockOpen(); err != nil {
+		return nil, err
+	}
+	defer s.mu.Unlock()
+	p, ok := s.mu.free.take(n)
+	if !ok {
+		return nil, fmt.Errorf("%w: alloc %d bytes", ErrNoSpace, size)
+	}
+	if err := s.mapFresh(p, n); err != nil {
+		s.mu.free.put(p, n)
+		return nil, fmt.Errorf("hostmem: alloc %d bytes: %w", size, err)
+	}
+	return unsafe.Slice((*byte)(s.appPtr(p)), size), nil
+}
+
+// AllocAt is Alloc at a chosen address (page aligned, inside Bounds), like
+// mmap with MAP_FIXED_NOREPLACE: it fails with ErrMapped if any page of the
+// range is mapped.
+func (s *AddressSpace) AllocAt(addr uint64, size int) ([]byte, error) {
+	p, n, err := s.checkRange("alloc", addr, size)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.lockOpen(); err != nil {
+		return nil, err
+	}
+	defer s.mu.Unlock()
+	if !s.mu.free.takeAt(p, n) {
+		return nil, fmt.Errorf("%w: alloc %#x+%d", ErrMapped, addr, size)
+	}
+	if err := s.mapFresh(p, n); err != nil {
+		s.mu.free.put(p, n)
+		return nil, fmt.Errorf("hostmem: alloc %#x+%d: %w", addr, size, err)
+	}
+	return unsafe.Slice((*byte)(s.appPtr(p)), size), nil
+}
+
+// mapFresh maps n fresh frames at pages [p, p+n). Called with mu.
+func (s *AddressSpace) mapFresh(p, n uintptr) error {
+	frames := make([]Frame, n)
+	if err := s.frames.alloc(frames); err != nil {
+		return err
+	}
+	if err := s.mapFrames(p, frames, nil); err != nil {
+		s.frames.release(s, frames)
+		return err
+	}
+	for i, f := range frames {
+		s.ptePtr(p + uintptr(i)).Store(uint64(f) + 1)
+	}
+	s.mu.mapped += int(n)
+	return nil
+}
+
+// mapFrames maps frames at pages [p, p+len(frames)) of the application's
+// view with MAP_FIXED, one mmap per run of contiguous frames of equal
+// protection (ro[i] set: PROT_READ; ro nil: all read-write). On failure
+// the pages mapped so far are mapped PROT_NONE again.
+func (s *AddressSpace) mapFrames(p uintptr, frames []Frame, ro []bool) error {
+	for i := 0; i < len(frames); {
+		j := i + 1
+		for j < len(frames) && frames[j] == frames[j-1]+1 && (ro == nil || ro[j] == ro[i]) {
+			j++
+		}
+		prot := unix.PROT_READ | unix.PROT_WRITE
+		if ro != nil && ro[i] {
+			prot = unix.PROT_READ
+		}
+		_, err := unix.MmapPtr(s.fd, int64(frames[i])<<PageShift, s.appPtr(p+uintptr(i)),
+			uintptr(j-i)<<PageShift, prot, unix.MAP_SHARED|unix.MAP_FIXED)
+		if err != nil {
+			if i > 0 {
+				_ = s.unmapApp(p, uintptr(i))
+			}
+			return fmt.Errorf("mmap %d frames at %#x: %w", j-i, s.base+uint64(p+uintptr(i))<<PageShift, err)
+		}
+		i = j
+	}
+	return nil
+}
+
+// unmapApp maps the reservation's PROT_NONE back over pages [p, p+n).
+func (s *AddressSpace) unmapApp(p, n uintptr) error {
+	_, err := unix.MmapPtr(-1, 0, s.appPtr(p), n<<PageShift, unix.PROT_NONE, reserveFlags|unix.MAP_FIXED)
+	return err
+}
+
+// Free is the munmap of this world: it unmaps [addr, addr+size) (size
+// rounded up to whole pages; every page must be mapped, by one Alloc or
+// several). First every subscription overlapping the range gets its
+// Invalidate callback (EventUnmap) and its sequence count stays odd until
+// Free returns, so page tables drop their entries and wait for their
+// copies in flight before anything changes; then the application's view
+// of the range becomes PROT_NONE and the frames are released (their memory
+// returned with a hole punch), except frames held by a Pin, which are
+// released at their last Unpin (a pinned MR keeps its pages after munmap,
+// as in the kernel). A later Alloc at the same address gets other frames.
+func (s *AddressSpace) Free(addr uint64, size int) error {
+	p, n, err := s.checkRange("free", addr, size)
+	if err != nil {
+		return err
+	}
+	if err := s.lockOpen(); err != nil {
+		return err
+	}
+	defer s.mu.Unlock()
+	if err := s.checkMapped("free", p, n); err != nil {
+		return err
+	}
+	r := Range{addr, addr + uint64(n)<<PageShift}
+	inv := s.invalidateStart(r, EventUnmap)
+	defer s.invalidateEnd(inv)
+	if err := s.unmapApp(p, n); err != nil {
+		// The view is unchanged: the page tables fault the old frames in
+		// again.
+		return fmt.Errorf("hostmem: free %v: %w", r, err)
+	}
+	frames := make([]Frame, n)
+	for i := range frames {
+		frames[i] = Frame(s.pte(p+uintptr(i)).Swap(0)&pteFrame - 1)
+	}
+	s.frames.release(s, frames)
+	s.mu.free.put(p, n)
+	s.mu.mapped -= int(n)
+	return nil
+}
+
+// Protect changes the application's access to [addr, addr+size): writable
+// or read-only, with mprotect. Taking write access away is an invalidation
+// (EventProtect), as mprotect is in the kernel: page tables drop their
+// writable entries and fault again (read-only, or failing with
+// ErrReadOnly). Giving it back needs none.
+func (s *AddressSpace) Protect(addr uint64, size int, writable bool) error {
+	p, n, err := s.checkRange("protect", addr, size)
+	if err != nil {
+		return err
+	}
+	if err := s.lockOpen(); err != nil {
+		return err
+	}
+	defer s.mu.Unlock()
+	if err := s.checkMapped("protect", p, n); err != nil {
+		return err
+	}
+	prot := unix.PROT_READ | unix.PROT_WRITE
+	if !writable {
+		prot = unix.PROT_READ
+		inv := s.invalidateStart(Range{addr, addr + uint64(n)<<PageShift}, EventProtect)
+		defer s.invalidateEnd(inv)
+	}
+	if err := unix.Mprotect(unsafe.Slice((*byte)(s.appPtr(p)), n<<PageShift), prot); err != nil {
+		return fmt.Errorf("hostmem: protect %#x+%d: %w", addr, size, err)
+	}
+	for i := p; i < p+n; i++ {
+		e := s.pte(i)
+		if writable {
+			e.And(^uint64(pteReadOnly))
+		} else {
+			e.Or(pteReadOnly)
+		}
+	}
+	return nil
+}
+
+// FrameOf returns the frame currently mapped at addr, without populating
+// it.
+func (s *AddressSpace) FrameOf(addr uint64) (Frame, bool) {
+	p, ok := s.pageOf(addr)
+	if !ok {
+		return 0, false
+	}
+	e := s.pte(p)
+	if e == nil {
+		return 0, false
+	}
+	v := e.Load()
+	if v&pteFrame == 0 {
+		return 0, false
+	}
+	return Frame(v&pteFrame - 1), true
+}
+
+// Resolve is the fault handler's look-up: the frame that currently backs
+// the application page holding addr, its NIC address and whether it is
+// writable. It populates the frame (MADV_POPULATE_WRITE on the NIC view:
+// a memfd page is allocated on first touch) unless the page is known to
+// be populated already, or acc has ResolveNoFault (then a page never
+// touched is ErrNotResident, checked with mincore). ResolveWrite on a
+// read-only page is ErrReadOnly (the Page is filled in). An address not
+// mapped is ErrNotMapped.
+//
+// Resolve takes no lock and allocates nothing. Its answer may be stale by
+// the time it returns: a fault handler calls it between a subscription's
+// ReadBegin and ReadRetry and installs the frame only if ReadRetry says no
+// invalidation ran (see Subscription). The NIC address stays mapped until
+// Close, so even a stale answer is never a dangling pointer.
+func (s *AddressSpace) Resolve(addr uint64, acc Access) (Page, error) {
+	if s.closed.Load() {
+		return Page{}, ErrClosed
+	}
+	p, ok := s.pageOf(addr)
+	if !ok {
+		return Page{}, ErrNotMapped
+	}
+	e := s.pte(p)
+	if e == nil {
+		return Page{}, ErrNotMapped
+	}
+	v := e.Load()
+	if v&pteFrame == 0 {
+		return Page{}, ErrNotMapped
+	}
+	f := Frame(v&pteFrame - 1)
+	pg := Page{Frame: f, NIC: unsafe.Add(s.nicBase, uintptr(f)<<PageShift), Writable: v&pteReadOnly == 0}
+	if acc&ResolveWrite != 0 && !pg.Writable {
+		return pg, ErrReadOnly
+	}
+	if v&ptePopulated == 0 {
+		if err := s.populateFrames(f, 1, acc); err != nil {
+			return pg, err
+		}
+		// Lose the race with a Free or Migrate quietly: the entry is
+		// theirs then, and the caller's ReadRetry will say so.
+		e.CompareAndSwap(v, v|ptePopulated)
+	}
+	return pg, nil
+}
+
+// ResolveRange is Resolve for len(out) consecutive pages from addr's page,
+// populating each run of contiguous unpopulated frames with one system
+// call (prefetch). It returns how many pages it resolved: all of them, or
+// the index of the page that failed, with the error.
+func (s *AddressSpace) ResolveRange(addr uint64, out []Page, acc Access) (int, error) {
+	if s.closed.Load() {
+		return 0, ErrClosed
+	}
+	p, ok := s.pageOf(addr)
+	if !ok {
+		return 0, ErrNotMapped
+	}
+	if uintptr(len(out)) > s.npages-p {
+		return 0, ErrNotMapped
+	}
+	var vals [64]uint64 // entry values of the run being populated
+	for i := 0; i < len(out); {
+		// Gather a run: pages whose frames are contiguous and unpopulated.
+		run := 0
+		for i+run < len(out) && run < len(vals) {
+			e := s.pte(p + uintptr(i+run))
+			if e == nil {
+				break
+			}
+			v := e.Load()
+			if v&pteFrame == 0 {
+				break
+			}
+			f := Frame(v&pteFrame - 1)
+			pg := Page{Frame: f, NIC: unsafe.Add(s.nicBase, uintptr(f)<<PageShift), Writable: v&pteReadOnly == 0}
+			if acc&ResolveWrite != 0 && !pg.Writable {
+				out[i+run] = pg
+				break
+			}
+			if run > 0 && (v&ptePopulated != 0) != (vals[0]&ptePopulated != 0) ||
+				run > 0 && f != out[i+run-1].Frame+1 {
+				break
+			}
+			out[i+run], vals[run] = pg, v
+			run++
+		}
+		if run == 0 {
+			_, err := s.Resolve(s.base+uint64(p+uintptr(i))<<PageShift, acc)
+			return i, err
+		}
+		if vals[0]&ptePopulated == 0 {
+			if err := s.populateFrames(out[i].Frame, run, acc); err != nil {
+				return i, err
+			}
+			for k := range run {
+				s.pte(p+uintptr(i+k)).CompareAndSwap(vals[k], vals[k]|ptePopulated)
+			}
+		}
+		i += run
+	}
+	return len(out), nil
+}
+
+// populateFrames allocates the memory of n frames from f, or with
+// ResolveNoFault checks that it exists.
+func (s *AddressSpace) populateFrames(f Frame, n int, acc Access) error {
+	first := uintptr(s.FramePointer(f))
+	if acc&ResolveNoFault != 0 {
+		var vec [64]byte
+		for done := 0; done < n; done += len(vec) {
+			k := min(n-done, len(vec))
+			_, _, e := unix.Syscall(unix.SYS_MINCORE, first+uintptr(done)<<PageShift, uintptr(k)<<PageShift,
+				uintptr(unsafe.Pointer(&vec[0])))
+			if e != 0 {
+				return fmt.Errorf("hostmem: mincore: %w", e)
+			}
+			for _, v := range vec[:k] {
+				if v&1 == 0 {
+					return ErrNotResident
+				}
+			}
+		}
+		return nil
+	}
+	if err := populate(s.frameRun(f, n), first, uintptr(n), true); err != nil {
+		return err
+	}
+	s.stats.populated.Add(int64(n))
+	return nil
+}
+
+// Stats are counters of an AddressSpace.
+type Stats struct {
+	MappedPages   int   // application pages mapped
+	FramesInUse   int   // frames mapped, held by pins after a Free, or held by migrations
+	FramesFree    int   // released frames waiting to be reused
+	FramesUnused  int   // frames never handed out
+	Populated     int64 // frames Resolve populated
+	Invalidations int64 // Invalidate callbacks made
+	MigratedPages int64 // pages moved by committed migrations
+}
+
+// Stats returns the current counters.
+func (s *AddressSpace) Stats() Stats {
+	s.mu.Lock()
+	mapped := s.mu.mapped
+	s.mu.Unlock()
+	inUse, free, unused := s.frames.counts()
+	return Stats{
+		MappedPages:   mapped,
+		FramesInUse:   inUse,
+		FramesFree:    free,
+		FramesUnused:  unused,
+		Populated:     s.stats.populated.Load(),
+		Invalidations: s.stats.invalidations.Load(),
+		MigratedPages: s.stats.migrated.Load(),
+	}
+}

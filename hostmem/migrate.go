@@ -1,0 +1,230 @@
+package hostmem
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Migration moves application pages to new frames: the page migration of
+// this world. Migrate does it in one call; PrepareMigrate and Commit split
+// it so that a caller (the remap protocol of issue 4) can copy the pages
+// while traffic still flows and copy again only the pages written meanwhile
+// inside the critical section:
+//
+//	m, _ := as.PrepareMigrate(addr, n) // new frames; nothing changes yet
+//	for i := range n { m.CopyPage(i) } // pre-copy, traffic flowing
+//	err := m.Commit(func(m *Migration) error {
+//		// invalidated: no copy in flight, no fault resolves the range
+//		for _, i := range dirty { m.CopyPage(i) }
+//		return nil
+//	})                                 // app view switched, counts even
+//	... check m.Old frames if wanted ...
+//	m.Release()                        // old frames back to the pool
+//
+// The application must not write the range while a migration copies it:
+// the kernel stops CPU access with migration entries, and a user-space
+// emulation cannot without userfaultfd, so a store that lands in an old
+// frame after its last copy is lost. The NIC's writes are stopped by the
+// invalidation, and the application's reads are never disturbed.
+//
+// A Migration belongs to one goroutine.
+type Migration struct {
+	// Addr is the application address of the first page.
+	Addr uint64
+	// Old are the frames the pages had at PrepareMigrate; New the frames
+	// they move to. Old[i] and New[i] are the frames of page i.
+	Old, New []Frame
+
+	as    *AddressSpace
+	p     uintptr // first page
+	state migrationState
+}
+
+type migrationState uint8
+
+const (
+	migrationPrepared migrationState = iota
+	migrationCommitted
+	migrationAborted  // before commit: New released
+	migrationReleased // after commit: Old released
+)
+
+// PrepareMigrate reserves new frames for npages pages from addr (page
+// aligned, all mapped), allocates their memory, and returns the migration.
+// Nothing changes until Commit; Abort gives the new frames back. Pinned pages cannot move
+// (ErrPinned), as the kernel does not migrate pinned pages.
+func (s *AddressSpace) PrepareMigrate(addr uint64, npages int) (*Migration, error) {
+	if npages <= 0 {
+		return nil, fmt.Errorf("hostmem: migrate %#x: %d pages", addr, npages)
+	}
+	p, n, err := s.checkRange("migrate", addr, npages<<PageShift)
+	if err != nil {
+		return nil, err
+	}
+	m := &Migration{Addr: addr, Old: make([]Frame, n), New: make([]Frame, n), as: s, p: p}
+	if err := s.prepareMigrate(m); err != nil {
+		return nil, err
+	}
+	// Allocate the new frames' memory now, one system call per run and
+	// without mu, so that the copies (and the critical section) take no
+	// page faults.
+	var perr error
+	forFrameRuns(m.New, func(f Frame, k int) {
+		if perr == nil {
+			perr = populate(s.frameRun(f, k), uintptr(s.FramePointer(f)), uintptr(k), true)
+		}
+	})
+	if perr != nil {
+		s.frames.release(s, m.New)
+		return nil, fmt.Errorf("hostmem: migrate %#x+%d pages: %w", addr, npages, perr)
+	}
+	return m, nil
+}
+
+// prepareMigrate reads the old frames and allocates the new ones, under mu.
+func (s *AddressSpace) prepareMigrate(m *Migration) error {
+	if err := s.lockOpen(); err != nil {
+		return err
+	}
+	defer s.mu.Unlock()
+	n := uintptr(len(m.Old))
+	if err := s.checkMapped("migrate", m.p, n); err != nil {
+		return err
+	}
+	for i := range m.Old {
+		m.Old[i] = Frame(s.pte(m.p+uintptr(i)).Load()&pteFrame - 1)
+	}
+	if s.frames.pinned(m.Old) {
+		return fmt.Errorf("%w: migrate %#x+%d pages", ErrPinned, m.Addr, n)
+	}
+	if err := s.frames.alloc(m.New); err != nil {
+		return fmt.Errorf("hostmem: migrate %#x+%d pages: %w", m.Addr, n, err)
+	}
+	return nil
+}
+
+// Pages returns the number of pages migrated.
+func (m *Migration) Pages() int { return len(m.Old) }
+
+// CopyPage copies page i from its old frame to its new one, through the
+// NIC view.
+func (m *Migration) CopyPage(i int) {
+	copy(m.as.FrameBytes(m.New[i]), m.as.FrameBytes(m.Old[i]))
+}
+
+// Commit switches the pages to the new frames. Under mu, it checks that
+// every page still has its old frame (else ErrRaced: a Free, another
+// migration or a Pin got there first) and then runs the critical section:
+//
+//  1. invalidate start (EventMigrate): the subscriptions turn odd and
+//     their Invalidate callbacks drop the range and drain its copies;
+//  2. copy: copyDirty(m) if given, else CopyPage for every page;
+//  3. remap: the application's view of the range is mapped onto the new
+//     frames with mmap MAP_FIXED (read-only pages stay read-only) and the
+//     page map points at them;
+//  4. invalidate end: the counts turn even; faults resolve the new frames.
+//
+// If copyDirty fails the view is not switched and its error is returned.
+// On any failure the new frames are released and the migration is over.
+// After a successful Commit the old frames stay allocated, untouched by
+// anything, until Release.
+func (m *Migration) Commit(copyDirty func(m *Migration) error) error {
+	s := m.as
+	if m.state != migrationPrepared {
+		return errors.New("hostmem: commit of a migration that is not prepared")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	err := m.commit(copyDirty)
+	if err != nil {
+		m.state = migrationAborted
+		if !s.closed.Load() {
+			s.frames.release(s, m.New)
+		}
+		return err
+	}
+	m.state = migrationCommitted
+	s.stats.migrated.Add(int64(len(m.Old)))
+	return nil
+}
+
+func (m *Migration) commit(copyDirty func(m *Migration) error) error {
+	s := m.as
+	if s.closed.Load() {
+		return ErrClosed
+	}
+	n := uintptr(len(m.Old))
+	vals := make([]uint64, n)
+	ro := make([]bool, n)
+	for i := range vals {
+		vals[i] = s.pte(m.p + uintptr(i)).Load()
+		if vals[i]&pteFrame != uint64(m.Old[i])+1 {
+			return fmt.Errorf("%w: migrate %#x+%d pages: page %d", ErrRaced, m.Addr, n, i)
+		}
+		ro[i] = vals[i]&pteReadOnly != 0
+	}
+	if s.frames.pinned(m.Old) {
+		return fmt.Errorf("%w: migrate %#x+%d pages", ErrPinned, m.Addr, n)
+	}
+	inv := s.invalidateStart(Range{m.Addr, m.Addr + uint64(n)<<PageShift}, EventMigrate)
+	defer s.invalidateEnd(inv)
+	if copyDirty == nil {
+		for i := range m.Old {
+			m.CopyPage(i)
+		}
+	} else if err := copyDirty(m); err != nil {
+		return fmt.Errorf("hostmem: migrate %#x+%d pages: %w", m.Addr, n, err)
+	}
+	if err := s.mapFrames(m.p, m.New, ro); err != nil {
+		// mapFrames left part of the range PROT_NONE: map the old frames
+		// back, so that the application keeps its memory.
+		if err2 := s.mapFrames(m.p, m.Old, ro); err2 != nil {
+			panic(fmt.Sprintf("hostmem: migrate: cannot restore the application's view: %v (after %v)", err2, err))
+		}
+		return fmt.Errorf("hostmem: migrate %#x+%d pages: %w", m.Addr, n, err)
+	}
+	for i, f := range m.New {
+		s.pte(m.p + uintptr(i)).Store(uint64(f) + 1 | vals[i]&pteReadOnly | ptePopulated)
+	}
+	return nil
+}
+
+// Abort gives back the new frames of a migration that was not committed.
+// After Commit it does nothing (use Release).
+func (m *Migration) Abort() {
+	if m.state != migrationPrepared {
+		return
+	}
+	m.state = migrationAborted
+	if s := m.as; !s.closed.Load() {
+		s.frames.release(s, m.New)
+	}
+}
+
+// Release gives back the old frames of a committed migration. Before
+// Commit it is Abort.
+func (m *Migration) Release() {
+	switch m.state {
+	case migrationPrepared:
+		m.Abort()
+	case migrationCommitted:
+		m.state = migrationReleased
+		if s := m.as; !s.closed.Load() {
+			s.frames.release(s, m.Old)
+		}
+	}
+}
+
+// Migrate moves npages application pages from addr to new frames:
+// PrepareMigrate, then Commit copying every page inside the critical
+// section. The old frames stay allocated until the Migration's Release.
+func (s *AddressSpace) Migrate(addr uint64, npages int) (*Migration, error) {
+	m, err := s.PrepareMigrate(addr, npages)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.Commit(nil); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
