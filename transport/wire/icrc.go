@@ -2,7 +2,6 @@ package wire
 
 import (
 	"encoding/binary"
-	"hash/crc32"
 	"math/bits"
 	"net/netip"
 	"sync/atomic"
@@ -53,8 +52,8 @@ var (
 	// crcTab is the slicing-by-8 table set: crcTab[0][b] is the CRC register
 	// after one byte b from a zero register, crcTab[k] advances k more zero
 	// bytes. Built by init; used for the fixed-size masked header words and
-	// for short payloads, while hash/crc32 (CLMUL on amd64) does payloads
-	// of 64 bytes and more.
+	// for short payloads and tails, while crc32Update (crc32_amd64.go:
+	// VPCLMULQDQ, or hash/crc32) does longer payloads.
 	crcTab [8][256]uint32
 
 	// crcTopInv inverts the top byte of crcTab[0]: for CRC-32 the 256 top
@@ -131,8 +130,9 @@ func crcWord(s uint32, v uint64) uint32 {
 }
 
 // crcUpdate advances the register s over p with the slicing-by-8 tables.
-// hash/crc32 is faster from 64 bytes on (CLMUL); below that this loop,
-// which inlines the table walk, beats its per-call dispatch.
+// hash/crc32 is faster from 64 bytes on (CLMUL), and crc32Update's
+// VPCLMULQDQ fold from 32; below that this loop, which inlines the table
+// walk, beats their per-call dispatch.
 func crcUpdate(s uint32, p []byte) uint32 {
 	for len(p) >= 8 {
 		s = crcWord(s, binary.LittleEndian.Uint64(p))
@@ -147,13 +147,16 @@ func crcUpdate(s uint32, p []byte) uint32 {
 // crcFinish advances the register s over the rest of the packet and
 // returns the final CRC.
 func crcFinish(s uint32, p []byte) uint32 {
-	if len(p) < crcCLMULMin {
-		return ^crcUpdate(s, p)
+	if hasVPCLMUL || len(p) >= crcCLMULMin {
+		// crc32Update picks its own short-input path when it has the
+		// 256-bit CLMUL fold (crc32_amd64.go).
+		return crc32Update(^s, p)
 	}
-	return crc32.Update(^s, crc32.IEEETable, p)
+	return ^crcUpdate(s, p)
 }
 
-// crcCLMULMin is the length from which hash/crc32 is used for the payload.
+// crcCLMULMin is the length from which hash/crc32 is used for the payload
+// where crc32Update is hash/crc32 (no VPCLMULQDQ).
 const crcCLMULMin = 64
 
 // crcUnshiftZero undoes crcByte(s, 0): it returns the register that one zero
@@ -253,7 +256,8 @@ func be16(v uint16) uint64 { return uint64(bits.ReverseBytes16(v)) }
 //
 // The constant prefix is pre-hashed and the 40 (IPv4) or 60 (IPv6) bytes of
 // masked headers are fed as 64-bit words, so nothing is copied; the rest
-// goes through hash/crc32 (CLMUL on amd64). It does not allocate.
+// goes through crc32Update (256-bit VPCLMULQDQ folding on amd64 CPUs that
+// have it, hash/crc32 otherwise). It does not allocate.
 func ComputeICRC(h *IPHeader, srcPort, dstPort uint16, roce []byte) uint32 {
 	_ = roce[BTHSize-1]
 	udpLen := uint16(8 + len(roce) + ICRCSize)

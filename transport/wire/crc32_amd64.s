@@ -1,0 +1,206 @@
+//go:build !purego
+
+#include "textflag.h"
+
+// CRC-32 (IEEE 802.3, reflected) by folding with VPCLMULQDQ on 256-bit
+// registers: the method of Gopal et al., "Fast CRC Computation for Generic
+// Polynomials Using PCLMULQDQ Instruction" (Intel, 2009), with two 128-bit
+// lanes per register. crc32_consts_test.go derives every constant below,
+// explains the representation, checks this file against the derivation
+// (TestCRC32AsmConstants) and models the algorithm in Go (crcFoldModel).
+//
+// Each pair is (low half, high half) of the 128-bit multiplier: the low
+// half multiplies a block's low (earlier, higher-degree) 64 bits, the high
+// half its high 64 bits, with VPCLMULQDQ $0x00 and $0x11.
+
+// Fold across 128 bytes: x^(1024+63) and x^(1024-1) mod P.
+DATA crcK1024<>+0(SB)/8, $0x7d657a1000000000
+DATA crcK1024<>+8(SB)/8, $0x7406fa9500000000
+GLOBL crcK1024<>(SB), RODATA|NOPTR, $16
+
+// Fold across 32 bytes: x^(256+63) and x^(256-1) mod P.
+DATA crcK256<>+0(SB)/8, $0x9570d49500000000
+DATA crcK256<>+8(SB)/8, $0x01b5fd1d00000000
+GLOBL crcK256<>(SB), RODATA|NOPTR, $16
+
+// Fold across 16 bytes: x^(128+63) and x^(128-1) mod P.
+DATA crcK128<>+0(SB)/8, $0x65673b4600000000
+DATA crcK128<>+8(SB)/8, $0x9ba54c6f00000000
+GLOBL crcK128<>(SB), RODATA|NOPTR, $16
+
+// Reduction 128 -> 96 -> 64 bits: x^95 and x^63 mod P.
+DATA crcKReduce<>+0(SB)/8, $0xccaa009e00000000
+DATA crcKReduce<>+8(SB)/8, $0xb8bc676500000000
+GLOBL crcKReduce<>(SB), RODATA|NOPTR, $16
+
+// Barrett reduction 64 -> 32 bits: P and floor(x^64 / P), 33-bit reflected.
+DATA crcBarrett<>+0(SB)/8, $0x00000001db710641
+DATA crcBarrett<>+8(SB)/8, $0x00000001f7011641
+GLOBL crcBarrett<>(SB), RODATA|NOPTR, $16
+
+// func crc32VPCLMUL(crc uint32, p []byte) uint32
+//
+// crc is the CRC register before the final inversion (^crc32.Update's
+// argument) and so is the result. It hashes the first len(p)&^15 bytes of
+// p and reads no others (none at all when len(p) < 16, returning crc).
+// Requires AVX2 and VPCLMULQDQ.
+//
+// Registers: SI the data, CX the bytes left, Y0 the fold constant,
+// Y1-Y4 the accumulators, Y5-Y8 products.
+TEXT ·crc32VPCLMUL(SB), NOSPLIT, $0-36
+	MOVL crc+0(FP), AX
+	MOVQ p_base+8(FP), SI
+	MOVQ p_len+16(FP), CX
+	ANDQ $-16, CX
+	JZ   empty
+
+	// X0 = crc, zero elsewhere (the VEX move clears bits 32..255).
+	VMOVD AX, X0
+
+	CMPQ CX, $32
+	JB   start16
+	CMPQ CX, $128
+	JB   start32
+
+	// Four 256-bit accumulators: 128 bytes, eight 128-bit lanes.
+	VMOVDQU (SI), Y1
+	VMOVDQU 32(SI), Y2
+	VMOVDQU 64(SI), Y3
+	VMOVDQU 96(SI), Y4
+	VPXOR   Y0, Y1, Y1
+	ADDQ    $128, SI
+	SUBQ    $128, CX
+	VBROADCASTI128 crcK1024<>(SB), Y0
+	CMPQ    CX, $128
+	JB      reduce4
+
+	PCALIGN $32
+loop128:
+	VPCLMULQDQ $0x00, Y0, Y1, Y5
+	VPCLMULQDQ $0x11, Y0, Y1, Y1
+	VPCLMULQDQ $0x00, Y0, Y2, Y6
+	VPCLMULQDQ $0x11, Y0, Y2, Y2
+	VPCLMULQDQ $0x00, Y0, Y3, Y7
+	VPCLMULQDQ $0x11, Y0, Y3, Y3
+	VPCLMULQDQ $0x00, Y0, Y4, Y8
+	VPCLMULQDQ $0x11, Y0, Y4, Y4
+	VPXOR      (SI), Y5, Y5
+	VPXOR      32(SI), Y6, Y6
+	VPXOR      64(SI), Y7, Y7
+	VPXOR      96(SI), Y8, Y8
+	VPXOR      Y5, Y1, Y1
+	VPXOR      Y6, Y2, Y2
+	VPXOR      Y7, Y3, Y3
+	VPXOR      Y8, Y4, Y4
+	ADDQ       $128, SI
+	SUBQ       $128, CX
+	CMPQ       CX, $128
+	JAE        loop128
+
+reduce4:
+	// Fold Y1 into Y2, Y2 into Y3, Y3 into Y4: each lane across 32 bytes.
+	VBROADCASTI128 crcK256<>(SB), Y0
+	VPCLMULQDQ $0x00, Y0, Y1, Y5
+	VPCLMULQDQ $0x11, Y0, Y1, Y1
+	VPXOR      Y5, Y2, Y2
+	VPXOR      Y1, Y2, Y2
+	VPCLMULQDQ $0x00, Y0, Y2, Y5
+	VPCLMULQDQ $0x11, Y0, Y2, Y2
+	VPXOR      Y5, Y3, Y3
+	VPXOR      Y2, Y3, Y3
+	VPCLMULQDQ $0x00, Y0, Y3, Y5
+	VPCLMULQDQ $0x11, Y0, Y3, Y3
+	VPXOR      Y5, Y4, Y4
+	VPXOR      Y3, Y4, Y1
+	JMP        loop32
+
+start32:
+	// One 256-bit accumulator: 32 bytes.
+	VMOVDQU (SI), Y1
+	VPXOR   Y0, Y1, Y1
+	ADDQ    $32, SI
+	SUBQ    $32, CX
+	VBROADCASTI128 crcK256<>(SB), Y0
+
+loop32:
+	CMPQ       CX, $32
+	JB         reduce2
+	VPCLMULQDQ $0x00, Y0, Y1, Y5
+	VPCLMULQDQ $0x11, Y0, Y1, Y1
+	VPXOR      (SI), Y5, Y5
+	VPXOR      Y5, Y1, Y1
+	ADDQ       $32, SI
+	SUBQ       $32, CX
+	JMP        loop32
+
+reduce2:
+	// Fold the low lane of Y1 into the high lane: across 16 bytes.
+	VMOVDQU       crcK128<>(SB), X0
+	VEXTRACTI128  $1, Y1, X2
+	VPCLMULQDQ    $0x00, X0, X1, X5
+	VPCLMULQDQ    $0x11, X0, X1, X1
+	VPXOR         X5, X2, X2
+	VPXOR         X2, X1, X1
+	JMP           loop16
+
+start16:
+	VMOVDQU (SI), X1
+	VPXOR   X0, X1, X1
+	ADDQ    $16, SI
+	SUBQ    $16, CX
+	VMOVDQU crcK128<>(SB), X0
+
+loop16:
+	CMPQ       CX, $16
+	JB         reduce
+	VPCLMULQDQ $0x00, X0, X1, X5
+	VPCLMULQDQ $0x11, X0, X1, X1
+	VPXOR      (SI), X5, X5
+	VPXOR      X5, X1, X1
+	ADDQ       $16, SI
+	SUBQ       $16, CX
+	JMP        loop16
+
+reduce:
+	// X1 = H (low half) : L (high half). Z1 = H*x^96 + L*x^32: the product
+	// of the low halves, XOR L moved up 4 bytes (into bits 32..95).
+	VMOVDQU    crcKReduce<>(SB), X0
+	VPCLMULQDQ $0x00, X0, X1, X5
+	VPSRLDQ    $8, X1, X2          // L in the low half
+	VPSLLDQ    $4, X2, X2          // L in bits 32..95
+	VPXOR      X2, X5, X5          // Z1, bits 0..31 clear
+
+	// Z2 = G*x^64 + M: Z1's low half times x^63's constant (the high
+	// half of X0), XOR Z1; the result is the high half.
+	VPCLMULQDQ $0x10, X0, X5, X6   // X5 low half * X0 high half
+	VPXOR      X5, X6, X6
+	VPSRLDQ    $8, X6, X6          // T = Z2 in the low half
+
+	// Barrett: q = low 32 bits of T1*mu, T1 the low 32 bits of T; the CRC
+	// is bits 32..63 of T XOR q*P.
+	VMOVDQU    crcBarrett<>(SB), X0
+	VPXOR      X7, X7, X7
+	VPBLENDD   $1, X6, X7, X7      // T1: dword 0 of T, zero elsewhere
+	VPCLMULQDQ $0x10, X0, X7, X7   // T1 * mu
+	VPXOR      X8, X8, X8
+	VPBLENDD   $1, X7, X8, X8      // q
+	VPCLMULQDQ $0x00, X0, X8, X8   // q * P
+	VPXOR      X6, X8, X8
+	VPEXTRD    $1, X8, AX
+
+	VZEROUPPER
+
+empty:
+	MOVL AX, ret+32(FP)
+	RET
+
+// func cpuid(eaxArg, ecxArg uint32) (eax, ebx, ecx, edx uint32)
+TEXT ·cpuid(SB), NOSPLIT, $0-24
+	MOVL eaxArg+0(FP), AX
+	MOVL ecxArg+4(FP), CX
+	CPUID
+	MOVL AX, eax+8(FP)
+	MOVL BX, ebx+12(FP)
+	MOVL CX, ecx+16(FP)
+	MOVL DX, edx+20(FP)
+	RET
