@@ -7,10 +7,8 @@ require (
 	github.com/alecthomas/kong v1.17.0
 	github.com/gopacket/gopacket v1.7.7
 	github.com/stretchr/testify v1.12.1
+	golang.org/x/net v0.62.0
 	golang.org/x/sys v0.50.0
 )
 
-require (
-	go.yaml.in/yaml/v3 v3.0.5 // indirect
-	golang.org/x/net v0.62.0 // indirect
-)
+require go.yaml.in/yaml/v3 v3.0.5 // indirect

@@ -92,6 +92,8 @@ func Open(cfg Config) (*Device, error) {
 	return &Device{t: t, place: place, conn: c}, nil
 }
 
+func (d *Device) closed() bool { return d.t.Closed() }
+
 // Close destroys every QP (flushing their WRs) and releases the socket
 // (ibv_close_device). Registered MRs stay valid memory but are no longer
 // reachable by the network.
@@ -172,6 +174,9 @@ func (d *Device) AllocPD() (*PD, error) {
 // Len() in bytes.
 type MR = placement.MR
 
+// ErrBadPD is returned for a nil PD or one allocated on another device.
+var ErrBadPD = errors.New("softrdma: nil PD or a PD of another device")
+
 // ErrBadAccess is returned when REMOTE_WRITE or REMOTE_ATOMIC is asked
 // without LOCAL_WRITE (IBTA 10.6.3.1, ibv_reg_mr(3): EINVAL).
 var ErrBadAccess = errors.New("softrdma: REMOTE_WRITE and REMOTE_ATOMIC need LOCAL_WRITE")
@@ -181,6 +186,12 @@ var ErrBadAccess = errors.New("softrdma: REMOTE_WRITE and REMOTE_ATOMIC need LOC
 // buf[0]. Errors: empty buffer, ErrBadAccess, a pin limit (the error names
 // RLIMIT_MEMLOCK or the configured limit).
 func (d *Device) RegMR(pd *PD, buf []byte, access Access) (*MR, error) {
+	if pd == nil || pd.dev != d {
+		return nil, ErrBadPD
+	}
+	if d.closed() {
+		return nil, fmt.Errorf("softrdma: reg MR: %w", transport.ErrClosed)
+	}
 	if access&(AccessRemoteWrite|AccessRemoteAtomic) != 0 && access&AccessLocalWrite == 0 {
 		return nil, ErrBadAccess
 	}
@@ -203,6 +214,9 @@ func (d *Device) DeregMR(mr *MR) error {
 // CreateCQ creates a completion queue holding depth completions
 // (ibv_create_cq). depth must be 1 to MaxCQE.
 func (d *Device) CreateCQ(depth int) (*CQ, error) {
+	if d.closed() {
+		return nil, fmt.Errorf("softrdma: create CQ: %w", transport.ErrClosed)
+	}
 	if depth < 1 || depth > MaxCQE {
 		return nil, fmt.Errorf("softrdma: create CQ: depth %d (1-%d)", depth, MaxCQE)
 	}
@@ -211,6 +225,9 @@ func (d *Device) CreateCQ(depth int) (*CQ, error) {
 
 // CreateQP creates a queue pair in RESET in pd (ibv_create_qp).
 func (d *Device) CreateQP(pd *PD, init QPInitAttr) (*QP, error) {
+	if pd == nil || pd.dev != d {
+		return nil, ErrBadPD
+	}
 	qp, err := d.t.CreateQP(pd.id, &init)
 	if err != nil {
 		return nil, fmt.Errorf("softrdma: create QP: %w", err)

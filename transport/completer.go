@@ -18,6 +18,7 @@ func (qp *QP) completeRecv(p *wire.Packet, path *path) {
 	qp.sq.Unlock()
 	if fatal {
 		qp.flush()
+		qp.releaseResp()
 		return
 	}
 	if kick {

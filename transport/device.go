@@ -87,6 +87,9 @@ func NewDevice(cfg Config) (*Device, error) {
 	return d, nil
 }
 
+// Closed reports whether Close was called.
+func (d *Device) Closed() bool { return d.closed.Load() }
+
 // Counters returns the device's counters.
 func (d *Device) Counters() *Counters { return &d.counters }
 
@@ -332,7 +335,9 @@ func (d *Device) handle(pkt *conn.Packet, p *wire.Packet) {
 	}
 	c.RcvdPkts.Add(1)
 	if p.Info.Mask&wire.MaskReq != 0 {
+		qp.respMu.Lock()
 		qp.respond(p, path, &d.rxTx)
+		qp.respMu.Unlock()
 	} else {
 		qp.completeRecv(p, path)
 	}

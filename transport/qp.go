@@ -154,7 +154,11 @@ type QP struct {
 		tail uint64    // oldest posted, not yet consumed
 	}
 
-	resp respState // owned by the device's receive loop
+	// respMu is held by the receive loop while it runs the responder, and
+	// by whoever releases the responder's cursors from outside it (Modify
+	// to RESET or ERR, DestroyQP, errors). Lock order: respMu, sq, rq.
+	respMu sync.Mutex
+	resp   respState // guarded by respMu (in practice: the receive loop)
 
 	scheduled atomic.Bool // on the send worker's run queue
 	timer     *time.Timer // retransmit / RNR timer; fires qp.onTimer
@@ -284,12 +288,25 @@ func (qp *QP) Attr() QPAttr {
 // ErrBadTransition and ErrBadAttr, wrapped with the missing attribute's
 // libibverbs name.
 func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
+	if attr == nil {
+		return fmt.Errorf("%w: nil attributes", ErrBadAttr)
+	}
 	qp.modifyMu.Lock()
 	defer qp.modifyMu.Unlock()
 	cur := qp.State()
 	next := cur
 	if mask&QPAttrState != 0 {
 		next = attr.State
+	}
+	if qp.dev.closed.Load() && next != QPStateReset && next != QPStateErr {
+		return fmt.Errorf("%w: modify QP to %v", ErrClosed, next)
+	}
+	if mask&QPAttrState != 0 && (next == QPStateReset || next == QPStateErr) {
+		// The responder's cursors go with the state (lock order respMu,
+		// sq, rq).
+		qp.respMu.Lock()
+		defer qp.respMu.Unlock()
+		qp.releaseRespLocked()
 	}
 	if mask&QPAttrState != 0 && next != QPStateReset && next != QPStateErr {
 		if !allowed[[2]QPState{cur, next}] {
@@ -437,6 +454,7 @@ func (qp *QP) enterError() {
 	if qp.setError() {
 		qp.flush()
 	}
+	qp.releaseResp()
 }
 
 // setError moves the state to ERR and reports whether it changed.

@@ -35,6 +35,7 @@ func (qp *QP) runRequester(b *txBatch) bool {
 	qp.sq.Unlock()
 	if fatal {
 		qp.flush()
+		qp.releaseResp()
 	}
 	return more
 }
@@ -349,6 +350,7 @@ func (qp *QP) onTimer() {
 		qp.fatal = false
 		qp.sq.Unlock()
 		qp.flush()
+		qp.releaseResp()
 		return
 	}
 	if c.retryCnt != 7 {

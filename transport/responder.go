@@ -395,7 +395,32 @@ func (qp *QP) respError(b *txBatch, path *path, why DropReason, syn wire.Syndrom
 		r.haveRecv = false
 		qp.pushWC(qp.recvCQ, &wc)
 	}
-	qp.enterError()
+	qp.releaseRespLocked()
+	if qp.setError() {
+		qp.flush()
+	}
+}
+
+// releaseRespLocked ends the responder's placement cursors, so that the
+// MRs they hold can be deregistered: a message cut short by an error, a
+// reset or a peer that went away must not pin an MR forever. Caller holds
+// respMu.
+func (qp *QP) releaseRespLocked() {
+	r := &qp.resp
+	if r.cur.Busy() {
+		qp.dev.place.End(&r.cur)
+	}
+	if r.readCur.Busy() {
+		qp.dev.place.End(&r.readCur)
+	}
+	r.inMsg = false
+}
+
+// releaseResp is releaseRespLocked for callers outside the receive loop.
+func (qp *QP) releaseResp() {
+	qp.respMu.Lock()
+	qp.releaseRespLocked()
+	qp.respMu.Unlock()
 }
 
 // sendAck sends an ACKNOWLEDGE with syndrome syn for psn, carrying the

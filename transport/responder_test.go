@@ -3,6 +3,7 @@ package transport
 import (
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -283,4 +284,42 @@ func TestResponderDuplicateWriteIsAcknowledgedNotExecuted(t *testing.T) {
 	require.Equal(t, wire.PSN(1000), psn)
 	require.Equal(t, byte(9), r.mem[rigGuard])
 	require.Equal(t, uint64(1), r.d.counters.DuplicateRequest.Load())
+}
+
+// TestDestroyQPReleasesMessageInProgress: a peer that starts a multi-packet
+// WRITE and goes away must not keep the MR from being deregistered once the
+// QP is destroyed (or reset).
+func TestDestroyQPReleasesMessageInProgress(t *testing.T) {
+	for _, how := range []string{"destroy", "reset", "error"} {
+		t.Run(how, func(t *testing.T) {
+			r := newResponderRig(t)
+			r.deliver(r.build(wire.OpRDMAWriteFirst, 1000, make([]byte, rigMTU), false, r.reth(r.mr.Addr(), r.mr.RKey(), 4*rigMTU)))
+			require.True(t, r.qp.resp.cur.Busy(), "the WRITE holds the MR")
+			switch how {
+			case "destroy":
+				require.NoError(t, r.d.DestroyQP(r.qp))
+			case "reset":
+				require.NoError(t, r.qp.Modify(&QPAttr{State: QPStateReset}, QPAttrState))
+			case "error":
+				require.NoError(t, r.qp.Modify(&QPAttr{State: QPStateErr}, QPAttrState))
+			}
+			done := make(chan error, 1)
+			go func() { done <- r.place.DeregMR(r.mr) }()
+			select {
+			case err := <-done:
+				require.NoError(t, err)
+			case <-time.After(10 * time.Second):
+				t.Fatal("DeregMR still waits for the QP's WRITE after the QP was " + how)
+			}
+		})
+	}
+}
+
+func TestModifyRejectsNilAttrAndClosedDevice(t *testing.T) {
+	r := newResponderRig(t)
+	require.ErrorIs(t, r.qp.Modify(nil, QPAttrState), ErrBadAttr)
+	require.NoError(t, r.d.Close())
+	require.NoError(t, r.qp.Modify(&QPAttr{State: QPStateReset}, QPAttrState))
+	err := r.qp.Modify(&QPAttr{State: QPStateInit, Port: 1}, QPAttrState|QPAttrPort|QPAttrPKeyIndex|QPAttrAccessFlags)
+	require.ErrorIs(t, err, ErrClosed)
 }

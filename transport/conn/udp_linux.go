@@ -3,6 +3,9 @@
 package conn
 
 import (
+	"golang.org/x/net/ipv4"
+	"golang.org/x/net/ipv6"
+
 	"errors"
 	"fmt"
 	"net"
@@ -162,6 +165,27 @@ func (c *UDPConn) setup(cfg Config) error {
 	})
 	if cerr != nil {
 		return cerr
+	}
+	// The IP header fields RoCEv2 peers see from Linux rxe: TTL (hop
+	// limit) 64 and TOS (traffic class) 0, set explicitly rather than
+	// inherited from sysctls. The ICRC masks them, so they matter only to
+	// captures and to the network.
+	if c.is4 {
+		p := ipv4.NewConn(c.pc)
+		if err := p.SetTTL(64); err != nil {
+			return fmt.Errorf("set IP_TTL: %w", err)
+		}
+		if err := p.SetTOS(0); err != nil {
+			return fmt.Errorf("set IP_TOS: %w", err)
+		}
+	} else {
+		p := ipv6.NewConn(c.pc)
+		if err := p.SetHopLimit(64); err != nil {
+			return fmt.Errorf("set IPV6_UNICAST_HOPS: %w", err)
+		}
+		if err := p.SetTrafficClass(0); err != nil {
+			return fmt.Errorf("set IPV6_TCLASS: %w", err)
+		}
 	}
 	c.gso.Store(gso && !cfg.DisableGSO)
 	return err

@@ -212,7 +212,7 @@ func hashFile(path string) (int64, string, error) {
 
 // printCounters prints the hw_counters that are not zero on either NIC.
 func printCounters(w io.Writer, devs [2]*softrdma.Device) {
-	a, b := devs[0].Counters().Snapshot(), devs[1].Counters().Snapshot()
+	a, b := devs[0].Snapshot(), devs[1].Snapshot()
 	fmt.Fprintf(w, " %-28s %14s %14s\n", "hw_counters (non-zero)", "host A", "host B")
 	for i := range a {
 		if a[i].Value != 0 || b[i].Value != 0 {

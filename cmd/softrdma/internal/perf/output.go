@@ -110,7 +110,7 @@ func (s *session) reportFile(w io.Writer, text bool, mine, peer *roundResult) {
 // nonZeroCounters returns the device's hw_counters that are not zero.
 func nonZeroCounters(s *session) map[string]uint64 {
 	m := map[string]uint64{}
-	for _, c := range s.dev.Counters().Snapshot() {
+	for _, c := range s.dev.Snapshot() {
 		if c.Value != 0 {
 			m[c.Name] = c.Value
 		}
