@@ -46,7 +46,9 @@ func (s *session) bwClient(ctx context.Context, size int64) (report.BW, []int64,
 	wrs := make([]softrdma.SendWR, 0, batch)
 	sgls := make([]softrdma.SGE, batch)
 	pl := newPoller(s.cq)
-	peak := report.NewPeakTracker(size, peakWindow(max(cqMod, depth), p.Iters*int64(nqp), p.Duration))
+	// The peak is measured over at least as many messages as can be in
+	// flight on all QPs, or a burst of completions would count as a rate.
+	peak := report.NewPeakTracker(size, peakWindow(max(cqMod, depth*int64(nqp)), p.Iters*int64(nqp), p.Duration))
 	chk := checker{seed: p.Seed}
 	var total int64
 	stopping := false
@@ -212,7 +214,7 @@ func (s *session) sendBWServer(ctx context.Context, size int64, target func() (i
 	wctx, cancel := untilClosed(ctx, known)
 	defer cancel()
 	pl := newPoller(s.cq)
-	peak := report.NewPeakTracker(size, peakWindow(int64(s.p.CQMod), s.p.Iters*int64(s.p.QPs), s.p.Duration))
+	peak := report.NewPeakTracker(size, peakWindow(max(int64(s.p.CQMod), int64(s.p.TxDepth)*int64(s.p.QPs)), s.p.Iters*int64(s.p.QPs), s.p.Duration))
 	var total int64
 	start := time.Now()
 	last := start
