@@ -85,6 +85,9 @@ func (qp *QP) runRequesterLocked(b *txBatch) bool {
 			}
 			r.acct++
 			if r.offset == 0 {
+				if !w.psnSet && (op == WRRDMARead || op == WRRDMAWrite || op == WRRDMAWriteWithImm) {
+					qp.dev.counters.RDMASends.Add(1) // messages, not attempts
+				}
 				w.firstPSN = r.psn
 				w.npkts = packetsFor(w.length, mtu)
 				if op == WRAtomicCmpAndSwp || op == WRAtomicFetchAndAdd {
@@ -92,9 +95,6 @@ func (qp *QP) runRequesterLocked(b *txBatch) bool {
 				}
 				w.lastPSN = r.psn.Add(w.npkts - 1)
 				w.psnSet = true
-				if op == WRRDMARead || op == WRRDMAWrite || op == WRRDMAWriteWithImm {
-					qp.dev.counters.RDMASends.Add(1)
-				}
 			}
 		}
 		switch op {
