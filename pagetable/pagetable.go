@@ -386,21 +386,20 @@ func (t *Table) Translate(iova uint64, n int, write bool) ([]byte, Result) {
 	return t.run(off, uint64(n), write)
 }
 
-// Span returns the NIC-side bytes of all of [iova, iova+n) as one slice,
-// and the sequence count, when the table allows direct access to them now
-// (a pinned table with contiguous frames; write: writable). A placement
-// cursor keeps the span for the rest of its message and uses it as long as
-// ReadRetry(seq) is false; anything that changes frames or starts tracking
-// dirty pages bumps the count first. ok is false when the range must be
-// walked with CopyIn/CopyOut (or is out of range).
-func (t *Table) Span(iova, n uint64, write bool) (b []byte, seq uint64, ok bool) {
-	seq = t.seq.Load()
-	off := iova - t.iova
-	if !t.direct.Load() || seq&1 != 0 || (write && !t.writable) ||
-		iova < t.iova || n > t.length || off > t.length-n {
-		return nil, 0, false
+// Linear returns the NIC-side bytes of the whole region, and whether the
+// NIC may write them, when the table allows direct access (a pinned table
+// whose frames form one contiguous run); nil otherwise. Placement installs
+// them as the linear mapping of the region's key (stag.Table.SetLinear), so
+// that the data path translates a range by an offset without reading the
+// table. Anything that later changes frames or needs the per-page bits
+// maintained (remap, dirty tracking) must first have that mapping withdrawn
+// (stag.Table.ClearLinear, then Synchronize and Drain), then clear direct
+// and bump the sequence count.
+func (t *Table) Linear() (flat []byte, writable bool) {
+	if !t.direct.Load() {
+		return nil, false
 	}
-	return t.flat[off : off+n : off+n], seq, true
+	return t.flat, t.writable
 }
 
 // CopyIn copies src into the region at iova (the NIC writes memory). It

@@ -73,11 +73,11 @@ func testCopyRoundTrip(t *testing.T, direct bool) {
 				require.Len(t, seg, n)
 			}
 		}
-		span, _, ok := tab.Span(tab.IOVA()+uint64(off), uint64(n), true)
-		require.Equal(t, direct, ok)
-		if ok {
-			require.Len(t, span, n)
-			require.Equal(t, n, cap(span))
+		flat, _ := tab.Linear()
+		require.Equal(t, direct, flat != nil)
+		if flat != nil {
+			require.Equal(t, &mem[lo], &flat[0])
+			require.Len(t, flat, hi-lo)
 		}
 	}
 	for i := 0; i < lo; i++ {
@@ -218,23 +218,19 @@ func TestTranslateSplitsAtDiscontiguousFrames(t *testing.T) {
 	tab.pages[2].frame.Store(f2)
 }
 
-func TestSpan(t *testing.T) {
-	rw, _ := newHeap(t, 3*PageSize, 8, 2*PageSize+8, true)
+func TestLinear(t *testing.T) {
+	rw, mem := newHeap(t, 3*PageSize, 8, 2*PageSize+8, true)
 	ro, _ := newHeap(t, 3*PageSize, 8, 2*PageSize+8, false)
-	b, seq, ok := rw.Span(rw.IOVA()+1, 100, true)
-	require.True(t, ok)
-	require.Len(t, b, 100)
-	require.False(t, rw.ReadRetry(seq))
-	_, _, ok = rw.Span(rw.IOVA()-1, 100, true)
-	require.False(t, ok, "out of range")
-	_, _, ok = ro.Span(ro.IOVA(), 100, true)
-	require.False(t, ok, "read-only, for writing")
-	_, _, ok = ro.Span(ro.IOVA(), 100, false)
-	require.True(t, ok)
+	b, w := rw.Linear()
+	require.True(t, w)
+	require.Len(t, b, 2*PageSize)
+	require.Same(t, &mem[8], &b[0], "a Go slice is its own frame")
+	b, w = ro.Linear()
+	require.False(t, w, "read-only")
+	require.Len(t, b, 2*PageSize)
 	require.NoError(t, rw.Release())
-	require.True(t, rw.ReadRetry(seq), "a span taken before release is stale")
-	_, _, ok = rw.Span(rw.IOVA()+1, 100, true)
-	require.False(t, ok)
+	b, _ = rw.Linear()
+	require.Nil(t, b, "no direct access after release")
 }
 
 func TestReleaseUnpins(t *testing.T) {

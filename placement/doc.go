@@ -35,7 +35,11 @@
 // # Concurrency
 //
 // An Engine is safe for concurrent use. A Cursor belongs to one goroutine
-// (the QP's responder). The data path takes no lock: an MR is pinned by an
-// atomic in-flight count on its key's table entry, which DeregMR drains
-// after invalidating the key.
+// (the QP's responder). The data path takes no lock. After invalidating a
+// key, DeregMR waits for the placements in flight before it unpins: an
+// unbound cursor, Gather, Scatter and Atomic count a reference on the key's
+// table entry, which DeregMR drains; a cursor bound to a Reader (a receive
+// loop) counts nothing, and DeregMR waits until every Reader that was
+// placing has quiesced (RCU-style). Either way the next packet of a message
+// whose key was invalidated fails and places nothing.
 package placement

@@ -25,8 +25,7 @@ func (e *Engine) CheckSGL(pd uint32, sgl []SGE, need stag.Access) (total uint64,
 		if s.Length == 0 {
 			continue
 		}
-		ent, r := e.mrs.Lookup(pd, stag.STag(s.LKey), need)
-		if r != stag.OK || ent.CheckRange(s.Addr, uint64(s.Length)) != stag.OK {
+		if _, _, r := e.mrs.LookupRange(pd, stag.STag(s.LKey), need, s.Addr, uint64(s.Length)); r != stag.OK {
 			return 0, LocalProtErr
 		}
 	}
@@ -81,21 +80,22 @@ func (e *Engine) sgl(pd uint32, sgl []SGE, offset uint64, b []byte, write bool) 
 			continue
 		}
 		k := min(l-offset, n-done)
-		ent, r := e.mrs.Acquire(pd, stag.STag(s.LKey), need)
-		if r != stag.OK {
+		var sp stag.Span[*MR]
+		if e.mrs.Open(&sp, pd, stag.STag(s.LKey), need, s.Addr, l) != stag.OK {
 			return LocalProtErr
 		}
-		if ent.CheckRange(s.Addr, l) != stag.OK {
-			ent.Release()
-			return LocalProtErr
+		tr := pagetable.OK
+		switch {
+		case sp.Linear() && write:
+			copy(sp.At(offset, k), b[done:done+k])
+		case sp.Linear():
+			copy(b[done:done+k], sp.At(offset, k))
+		case write:
+			_, tr = sp.Entry.Value.table.CopyIn(s.Addr+offset, b[done:done+k])
+		default:
+			_, tr = sp.Entry.Value.table.CopyOut(s.Addr+offset, b[done:done+k])
 		}
-		var tr pagetable.Result
-		if write {
-			_, tr = ent.Value.table.CopyIn(s.Addr+offset, b[done:done+k])
-		} else {
-			_, tr = ent.Value.table.CopyOut(s.Addr+offset, b[done:done+k])
-		}
-		ent.Release()
+		sp.Close()
 		if tr != pagetable.OK {
 			return tableStatus(tr, false)
 		}

@@ -36,17 +36,19 @@ type Config struct {
 // Engine is the placement engine of one device: its key table, pin
 // account and address space.
 type Engine struct {
-	mrs   *stag.Table[*MR]
+	// mrs is embedded rather than pointed to: a lookup then starts with
+	// the directory word, one dependent load less, which counts after a
+	// large copy (see docs/memory.md, "Measured").
+	mrs   stag.Table[*MR]
 	pins  *hostmem.PinAccount
 	space hostmem.Space
 }
 
 // New returns an engine.
 func New(cfg Config) *Engine {
-	return &Engine{
-		mrs:  stag.NewTable[*MR](cfg.MaxMRs),
-		pins: hostmem.NewPinAccount(cfg.PinLimit),
-	}
+	e := &Engine{pins: hostmem.NewPinAccount(cfg.PinLimit)}
+	e.mrs.Init(cfg.MaxMRs)
+	return e
 }
 
 // PinnedBytes returns the bytes the device has pinned.
@@ -77,6 +79,7 @@ func (e *Engine) HostAlloc(size int) (*hostmem.Buffer, error) {
 
 // MR is a registered memory region (ibv_mr).
 type MR struct {
+	key   stag.STag        // entry.STag, kept here: one dependent load less
 	entry *stag.Entry[*MR] // key table entry; its Value is this MR
 	table *pagetable.Table // translation of the region
 	buf   []byte           // the registered bytes, kept referenced
@@ -85,12 +88,12 @@ type MR struct {
 }
 
 // LKey returns the local key (ibv_mr.lkey).
-func (m *MR) LKey() uint32 { return uint32(m.entry.STag) }
+func (m *MR) LKey() uint32 { return uint32(m.key) }
 
 // RKey returns the remote key (ibv_mr.rkey). It equals the local key, as on
 // mlx5; a region without remote rights fails every remote access on the
 // access check.
-func (m *MR) RKey() uint32 { return uint32(m.entry.STag) }
+func (m *MR) RKey() uint32 { return uint32(m.key) }
 
 // Addr returns the region's I/O virtual address: the address of its first
 // byte (ibv_mr.addr).
@@ -142,7 +145,15 @@ func (e *Engine) RegMR(pd uint32, buf []byte, access stag.Access) (*MR, error) {
 		_ = table.Release()
 		return nil, fmt.Errorf("placement: reg MR: %w", err)
 	}
-	mr.entry = ent
+	mr.entry, mr.key = ent, ent.STag
+	// A pinned region with contiguous frames (always, for a Go slice or a
+	// memfd buffer) is mapped linearly by its key, so that the data path
+	// translates without reading the table.
+	if flat, writable := table.Linear(); flat != nil {
+		if err := e.mrs.SetLinear(ent.STag, &flat[0], writable); err != nil {
+			panic("placement: the key of a new MR is missing: " + err.Error())
+		}
+	}
 	// The entry was published invalid; it becomes usable only now that the
 	// MR is complete.
 	if err := e.mrs.Validate(ent.STag); err != nil {
@@ -152,11 +163,14 @@ func (e *Engine) RegMR(pd uint32, buf []byte, access stag.Access) (*MR, error) {
 }
 
 // DeregMR deregisters mr (ibv_dereg_mr): it invalidates the key, so that no
-// new access starts, then waits until the placements in flight (including
-// message cursors that hold the region) have ended, frees the key's index
-// for reuse under a new key, and unpins the pages. The transport must End
-// the cursors of QPs that stop (error state, destroy), or DeregMR waits for
-// them.
+// new access starts and the next packet of every message in progress fails,
+// then waits until the placements in flight have ended, frees the key's
+// index for reuse under a new key, and unpins the pages. In flight are: the
+// copies of every Reader that was placing when the key was invalidated
+// (DeregMR waits until each has quiesced), the Gather, Scatter and Atomic
+// calls in progress, and the messages of cursors not bound to a Reader,
+// from Begin to End. The transport must End the unbound cursors of QPs that
+// stop (error state, destroy), or DeregMR waits for them.
 func (e *Engine) DeregMR(mr *MR) error {
 	if mr == nil || mr.eng != e {
 		return fmt.Errorf("placement: dereg MR: not a region of this device: %w", ErrInvalid)
@@ -168,6 +182,8 @@ func (e *Engine) DeregMR(mr *MR) error {
 	if err := e.mrs.Invalidate(key); err != nil {
 		panic("placement: the key of a live MR is missing: " + err.Error())
 	}
+	// Readers first (a grace period), then the counted references.
+	e.mrs.Synchronize()
 	mr.entry.Drain()
 	if err := e.mrs.Free(key); err != nil {
 		panic("placement: the key of a live MR is missing: " + err.Error())

@@ -523,7 +523,22 @@ func TestZeroAllocations(t *testing.T) {
 		{Addr: mr.Addr() + 5000, Length: 9000, LKey: mr.LKey()},
 	}
 	payload := make([]byte, 4096)
+	rd := e.NewReader()
+	defer rd.Close()
+	var bound placement.Cursor
+	bound.Bind(rd)
 	for name, f := range map[string]func(){
+		"bound Begin/Write/Read/End, Quiesce": func() {
+			e.Begin(&bound, pd1, mr.RKey(), mr.Addr()+100, 8192, stag.AccessRemoteWrite)
+			e.Write(&bound, payload)
+			rd.Quiesce()
+			e.Write(&bound, payload)
+			e.End(&bound)
+			e.Begin(&bound, pd1, mr.RKey(), mr.Addr()+100, 4096, stag.AccessRemoteRead)
+			e.Read(&bound, payload)
+			e.End(&bound)
+			rd.Quiesce()
+		},
 		"Begin/Write/End": func() {
 			var c placement.Cursor
 			e.Begin(&c, pd1, mr.RKey(), mr.Addr()+100, 8192, stag.AccessRemoteWrite)

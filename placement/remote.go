@@ -2,6 +2,7 @@ package placement
 
 import (
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/softrdma/softrdma/pagetable"
 	"github.com/softrdma/softrdma/stag"
@@ -13,35 +14,76 @@ import (
 // MIDDLE/LAST packet then continues at the next byte; End releases the
 // region. The zero value is idle. A Cursor is used by one goroutine.
 type Cursor struct {
-	entry *stag.Entry[*MR] // nil when idle or for a zero-length message
-	table *pagetable.Table // entry.Value.table, cached
-	iova  uint64           // IOVA of the next byte
-	resid uint64           // bytes left in the message (RETH DMA length at Begin)
-	write bool             // begun with a write right: Write allowed, Read not
+	// s references the region's key entry from Begin to End (nil Entry
+	// when idle or for a zero-length message) and the message's range,
+	// with its translation when the region is mapped linearly (a pinned
+	// region with contiguous frames; otherwise each packet walks the
+	// region's translation table). A packet checks with one load that the
+	// key's slot has not changed since Begin (s.Current) and advances
+	// s.Done, and nothing else: after a 4 KiB copy the store buffer is
+	// full, so each store the data path adds costs about as much as a
+	// store of the copy.
+	s stag.Span[*MR]
+}
 
-	// span is the NIC-side bytes of the rest of the message when the table
-	// allowed direct access at Begin (pagetable.Table.Span), valid while the
-	// table's sequence count is still seq; nil: walk the table per packet.
-	span []byte
-	seq  uint64
+// Reader is a goroutine that places bytes for many cursors, such as a
+// device's receive loop, and lets a deregistration know when it is done
+// with a region by declaring quiescent states instead of counting
+// references per message (RCU in its quiescent-state-based flavour; see
+// stag.Reader). Bind the loop's cursors to it (Cursor.Bind) and call
+// Quiesce after each batch of packets and before blocking. Begin, Write,
+// Read and End of a bound cursor then take no lock and make no atomic
+// write; going online at the first use after Quiesce, and Quiesce, are one
+// atomic store each.
+//
+// A Reader and its cursors are used by one goroutine.
+type Reader struct{ r *stag.Reader }
+
+// NewReader registers a reader. Close it when its goroutine stops.
+func (e *Engine) NewReader() *Reader { return &Reader{e.mrs.NewReader()} }
+
+// Quiesce declares that the reader's goroutine is between packets: it uses
+// no region until its next Begin, Write or Read. A deregistration waits
+// for every reader that was placing when it started to quiesce, so call
+// it after each batch and always before blocking.
+func (r *Reader) Quiesce() { r.r.Quiesce() }
+
+// Close quiesces the reader and unregisters it. Its cursors must be idle
+// (or never used again).
+func (r *Reader) Close() { r.r.Close() }
+
+// Bind makes the idle cursor c use reader r (nil: count a reference per
+// message again). A bound cursor holds no reference between its packets:
+// DeregMR does not wait for its message to end, and the next packet after
+// an invalidation fails with RemoteAccessErr as for any cursor. Begin,
+// Write and Read of a bound cursor run on r's goroutine; End touches no
+// reader state and may run elsewhere when it is serialized with that
+// goroutine (the transport's respMu).
+func (c *Cursor) Bind(r *Reader) {
+	if r == nil {
+		c.s.Bind(nil)
+		return
+	}
+	c.s.Bind(r.r)
 }
 
 // Busy reports whether the cursor holds a region (between a successful
 // Begin of a non-empty message and End).
-func (c *Cursor) Busy() bool { return c.entry != nil }
+func (c *Cursor) Busy() bool { return c.s.Entry != nil }
 
 // Resid returns the bytes left in the message.
-func (c *Cursor) Resid() uint64 { return c.resid }
+func (c *Cursor) Resid() uint64 { return c.s.Len - c.s.Done }
 
 // IOVA returns the address of the next byte.
-func (c *Cursor) IOVA() uint64 { return c.iova }
+func (c *Cursor) IOVA() uint64 { return c.s.IOVA + c.s.Done }
 
 // Begin starts a remote access message: the R_Key rkey, presented by a QP of
 // protection domain pd, must name a valid region of pd that grants need
 // (stag.AccessRemoteWrite for RDMA WRITE, AccessRemoteRead for RDMA READ)
 // and holds [va, va+length). On success the cursor holds the region until
 // End. A failed Begin leaves the cursor idle and places nothing: the
-// transport NAKs (RemoteAccessErr) without calling End.
+// transport NAKs (RemoteAccessErr) without calling End. Begin on a busy
+// cursor (without End) panics.
 //
 // A zero-length message succeeds without looking at rkey or va, as rxe's
 // check_rkey ("A zero-byte op is not required to set an addr or rkey");
@@ -50,23 +92,13 @@ func (c *Cursor) IOVA() uint64 { return c.iova }
 // The IBTA limit of 2^31 bytes on the DMA length is the transport's check
 // (rxe check_length), made before Begin.
 func (e *Engine) Begin(c *Cursor, pd uint32, rkey uint32, va uint64, length uint64, need stag.Access) Status {
-	if c.entry != nil {
-		panic("placement: Begin on a busy cursor (missing End)")
-	}
-	*c = Cursor{write: need&(stag.AccessRemoteWrite|stag.AccessLocalWrite) != 0}
-	if length == 0 {
-		return OK
-	}
-	ent, r := e.mrs.Acquire(pd, stag.STag(rkey), need)
-	if r != stag.OK {
+	// One read of the key's slot makes the four key checks and the bounds
+	// check, counts the in-flight reference and, for a pinned region,
+	// translates the whole message. Begin is small enough to be inlined,
+	// so the transport's call goes straight to Open.
+	if e.mrs.Open(&c.s, pd, stag.STag(rkey), need, va, length) != stag.OK {
 		return RemoteAccessErr
 	}
-	if ent.CheckRange(va, length) != stag.OK {
-		ent.Release()
-		return RemoteAccessErr
-	}
-	c.entry, c.table, c.iova, c.resid = ent, ent.Value.table, va, length
-	c.span, c.seq, _ = c.table.Span(va, length, c.write)
 	return OK
 }
 
@@ -77,29 +109,39 @@ func (e *Engine) Begin(c *Cursor, pd uint32, rkey uint32, va uint64, length uint
 // Write fails with RemoteAccessErr and places nothing. On failure the cursor
 // does not advance; the transport NAKs and calls End.
 func (e *Engine) Write(c *Cursor, payload []byte) Status {
+	// Fast path: a region mapped linearly whose key has not changed since
+	// Begin (one load and compare), and a payload that fits.
+	s := &c.s
+	n, d := uint64(len(payload)), s.Done
+	if n-1 < s.Len-d && s.Linear() && s.Write && s.Current() {
+		copy(s.At(d, n), payload)
+		s.Done = d + n
+		return OK
+	}
+	return e.writeSlow(c, payload)
+}
+
+func (e *Engine) writeSlow(c *Cursor, payload []byte) Status {
+	s := &c.s
 	n := uint64(len(payload))
-	if n > c.resid {
+	if n > s.Len-s.Done {
 		return InvalidRequest
 	}
 	if n == 0 {
 		return OK
 	}
-	if !c.write {
+	if !s.Write {
 		panic("placement: Write on a cursor begun without a write right")
 	}
-	if c.entry.State() != stag.StateValid {
+	if !s.Current() && !s.Refresh() {
 		return RemoteAccessErr
 	}
-	if c.span != nil && !c.table.ReadRetry(c.seq) {
-		c.span = c.span[copy(c.span, payload):]
-	} else {
-		c.span = nil
-		if _, r := c.table.CopyIn(c.iova, payload); r != pagetable.OK {
-			return tableStatus(r, true)
-		}
+	if s.Linear() {
+		copy(s.At(s.Done, n), payload)
+	} else if _, r := s.Entry.Value.table.CopyIn(s.IOVA+s.Done, payload); r != pagetable.OK {
+		return tableStatus(r, true)
 	}
-	c.iova += n
-	c.resid -= n
+	s.Done += n
 	return OK
 }
 
@@ -107,37 +149,40 @@ func (e *Engine) Write(c *Cursor, payload []byte) Status {
 // RDMA READ response packet) and advances the cursor, with the checks of
 // Write.
 func (e *Engine) Read(c *Cursor, dst []byte) Status {
+	s := &c.s
+	n, d := uint64(len(dst)), s.Done
+	if n-1 < s.Len-d && s.Linear() && s.Current() {
+		copy(dst, s.At(d, n))
+		s.Done = d + n
+		return OK
+	}
+	return e.readSlow(c, dst)
+}
+
+func (e *Engine) readSlow(c *Cursor, dst []byte) Status {
+	s := &c.s
 	n := uint64(len(dst))
-	if n > c.resid {
+	if n > s.Len-s.Done {
 		return InvalidRequest
 	}
 	if n == 0 {
 		return OK
 	}
-	if c.entry.State() != stag.StateValid {
+	if !s.Current() && !s.Refresh() {
 		return RemoteAccessErr
 	}
-	if c.span != nil && !c.table.ReadRetry(c.seq) {
-		c.span = c.span[copy(dst, c.span):]
-	} else {
-		c.span = nil
-		if _, r := c.table.CopyOut(c.iova, dst); r != pagetable.OK {
-			return tableStatus(r, true)
-		}
+	if s.Linear() {
+		copy(dst, s.At(s.Done, n))
+	} else if _, r := s.Entry.Value.table.CopyOut(s.IOVA+s.Done, dst); r != pagetable.OK {
+		return tableStatus(r, true)
 	}
-	c.iova += n
-	c.resid -= n
+	s.Done += n
 	return OK
 }
 
 // End finishes the message: it releases the region and makes the cursor
 // idle. Ending an idle cursor does nothing.
-func (e *Engine) End(c *Cursor) {
-	if c.entry != nil {
-		c.entry.Release()
-	}
-	*c = Cursor{}
-}
+func (e *Engine) End(c *Cursor) { c.s.Close() }
 
 // AtomicOp is the operation of an atomic request.
 type AtomicOp uint8
@@ -173,17 +218,24 @@ func (o AtomicOp) String() string {
 // RESPST_ERR_MISALIGNED_ATOMIC). Replays of duplicate atomics are the
 // transport's (responder resources); Atomic always executes.
 func (e *Engine) Atomic(pd, rkey uint32, va uint64, op AtomicOp, swapAdd, compare uint64) (orig uint64, st Status) {
-	ent, r := e.mrs.Acquire(pd, stag.STag(rkey), stag.AccessRemoteAtomic)
-	if r != stag.OK {
+	var sp stag.Span[*MR]
+	if e.mrs.Open(&sp, pd, stag.STag(rkey), stag.AccessRemoteAtomic, va, 8) != stag.OK {
 		return 0, RemoteAccessErr
 	}
-	defer ent.Release()
-	if ent.CheckRange(va, 8) != stag.OK {
-		return 0, RemoteAccessErr
+	defer sp.Close()
+	var p *uint64
+	if sp.Linear() && va&7 == 0 {
+		if b := sp.At(0, 8); uintptr(unsafe.Pointer(&b[0]))&7 == 0 {
+			p = (*uint64)(unsafe.Pointer(&b[0]))
+		}
 	}
-	p, tr := ent.Value.table.Word64(va, true)
-	if tr != pagetable.OK {
-		return 0, tableStatus(tr, true)
+	if p == nil {
+		// Misaligned (InvalidRequest), or a region that is not mapped
+		// linearly: the table says which.
+		var tr pagetable.Result
+		if p, tr = sp.Entry.Value.table.Word64(va, true); tr != pagetable.OK {
+			return 0, tableStatus(tr, true)
+		}
 	}
 	switch op {
 	case CmpSwap:
