@@ -28,6 +28,7 @@ func TestDataPathAllocatesNothing(t *testing.T) {
 		r.d.handle(&in, &r.pkt)
 		r.d.flushAcks()
 		r.d.rxTx.flush()
+		r.d.reader.Quiesce()
 		// Take the ACK at the peer, which returns the pipe's buffer.
 		if n, err := r.peer.Receive(acks); err != nil || n != 1 {
 			t.Fatalf("ACK: %d %v", n, err)

@@ -59,6 +59,10 @@ type Device struct {
 	done     chan struct{}
 	wg       sync.WaitGroup
 	rxTx     txBatch // used by the receive loop only
+	// reader is the receive loop's RCU-style reader of the STag table: the
+	// responders' cursors are bound to it, so a message takes no reference
+	// count, and the loop quiesces after every batch (placement.Reader).
+	reader *placement.Reader
 	workerTx txBatch // used by the send worker only
 	ackList  []*QP   // QPs owing a coalesced ACK; receive loop only
 }
@@ -79,6 +83,7 @@ func NewDevice(cfg Config) (*Device, error) {
 		d.logf = func(string, ...any) {}
 	}
 	d.qps.next = FirstQPN
+	d.reader = d.place.NewReader()
 	d.rxTx.init(d)
 	d.workerTx.init(d)
 	d.wg.Add(2)
@@ -185,6 +190,7 @@ func (d *Device) CreateQP(pd uint32, init *QPInitAttr) (*QP, error) {
 		qp.rq.wqe[i].sgl = rsgl[i*c.MaxRecvSGE : (i+1)*c.MaxRecvSGE : (i+1)*c.MaxRecvSGE]
 	}
 	qp.resp.recv.sgl = make([]SGE, c.MaxRecvSGE)
+	qp.bindCursors()
 	qp.resp.res = make([]rdRes, 1)
 	qp.path.Store(&path{mtu: 4096})
 	qp.timer = time.AfterFunc(time.Hour, qp.onTimer)
@@ -197,6 +203,7 @@ func (d *Device) CreateQP(pd uint32, init *QPInitAttr) (*QP, error) {
 		d.qps.next++
 		if d.qps.next >= MaxQPN {
 			d.qps.next = FirstQPN
+	d.reader = d.place.NewReader()
 		}
 		if d.qpTable[n].Load() == nil {
 			qp.qpn = wire.QPN(n)
@@ -269,6 +276,7 @@ func (d *Device) txLoop() {
 // rxLoop receives batches of datagrams and runs responders and completers.
 func (d *Device) rxLoop() {
 	defer d.wg.Done()
+	defer d.reader.Close()
 	pkts := make([]conn.Packet, d.conn.BatchSize())
 	var p wire.Packet
 	errs := 0
@@ -289,6 +297,10 @@ func (d *Device) rxLoop() {
 		}
 		d.flushAcks()
 		d.rxTx.flush()
+		// Quiescent state: nothing found in the STag table during the
+		// batch is used any more; a DeregMR waiting for a grace period
+		// may proceed. Always before Receive blocks.
+		d.reader.Quiesce()
 	}
 }
 

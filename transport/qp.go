@@ -426,6 +426,13 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 	return nil
 }
 
+// bindCursors binds the responder's idle cursors to the receive loop's
+// reader (placement.Cursor.Bind).
+func (qp *QP) bindCursors() {
+	qp.resp.cur.Bind(qp.dev.reader)
+	qp.resp.readCur.Bind(qp.dev.reader)
+}
+
 // resetLocked returns the QP to its just-created condition; queued work is
 // discarded without completions (IBTA 10.3.1: RESET clears the queues).
 func (qp *QP) resetLocked() {
@@ -433,10 +440,11 @@ func (qp *QP) resetLocked() {
 	qp.req = reqState{}
 	qp.comp = compState{}
 	qp.rq.head, qp.rq.tail = 0, 0
-	qp.resp = respState{res: qp.resp.res}
+	qp.resp = respState{res: qp.resp.res, recv: recvWQE{sgl: qp.resp.recv.sgl}}
 	for i := range qp.resp.res {
 		qp.resp.res[i] = rdRes{}
 	}
+	qp.bindCursors()
 	for i := range qp.sq.wqe {
 		qp.sq.wqe[i].reset()
 	}

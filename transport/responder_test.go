@@ -99,6 +99,9 @@ func (r *responderRig) deliver(b []byte) {
 	r.d.handle(&conn.Packet{Buf: b, Addr: r.from}, &r.pkt)
 	r.d.flushAcks()
 	r.d.rxTx.flush()
+	// The test goroutine plays the receive loop: it must quiesce the
+	// loop's reader after its batch, or a DeregMR would wait for it.
+	r.d.reader.Quiesce()
 }
 
 // answer reads one packet the device sent to the peer.
