@@ -55,14 +55,14 @@ type Device struct {
 	}
 	runqWake chan struct{}
 
-	closed   atomic.Bool
-	done     chan struct{}
-	wg       sync.WaitGroup
-	rxTx     txBatch // used by the receive loop only
+	closed atomic.Bool
+	done   chan struct{}
+	wg     sync.WaitGroup
+	rxTx   txBatch // used by the receive loop only
 	// reader is the receive loop's RCU-style reader of the STag table: the
 	// responders' cursors are bound to it, so a message takes no reference
 	// count, and the loop quiesces after every batch (placement.Reader).
-	reader *placement.Reader
+	reader   *placement.Reader
 	workerTx txBatch // used by the send worker only
 	ackList  []*QP   // QPs owing a coalesced ACK; receive loop only
 }
@@ -203,7 +203,7 @@ func (d *Device) CreateQP(pd uint32, init *QPInitAttr) (*QP, error) {
 		d.qps.next++
 		if d.qps.next >= MaxQPN {
 			d.qps.next = FirstQPN
-	d.reader = d.place.NewReader()
+			d.reader = d.place.NewReader()
 		}
 		if d.qpTable[n].Load() == nil {
 			qp.qpn = wire.QPN(n)
