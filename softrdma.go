@@ -45,6 +45,21 @@ type Config struct {
 	Conn conn.Conn
 	// Logf receives rate-limited warnings; nil is silent.
 	Logf func(format string, args ...any)
+
+	// Profile selects the emulated device's memory-management features
+	// ("": ProfileODP).
+	Profile Profile
+	// AddressSpace is the host address space ODP MRs are registered on
+	// (nil: the device creates one at the first Device.AddressSpace or
+	// ODP registration).
+	AddressSpace *hostmem.AddressSpace
+	// ODPBudget bounds the bytes the device's ODP MRs hold present at
+	// once; over it the least recently used pages are evicted (0:
+	// unlimited). See pagetable.Budget.
+	ODPBudget int64
+	// FaultPolicy is how the responder meets a page fault on an ODP MR
+	// (FaultSync, the default, or FaultRNR).
+	FaultPolicy FaultPolicy
 }
 
 // Device is an open softrdma NIC (struct ibv_context).
@@ -54,11 +69,20 @@ type Device struct {
 	conn  conn.Conn
 	pdSeq atomic.Uint32
 	mu    sync.Mutex
+
+	profile Profile
+	odp     odpState
 }
 
 // Open creates a device bound to cfg.Addr (ibv_open_device). Errors: the
 // address cannot be bound, or cfg is invalid.
 func Open(cfg Config) (*Device, error) {
+	if !cfg.Profile.valid() {
+		return nil, fmt.Errorf("softrdma: open: unknown profile %q (odp, t3, coarse)", cfg.Profile)
+	}
+	if cfg.FaultPolicy > FaultRNR {
+		return nil, fmt.Errorf("softrdma: open: unknown fault policy %d", cfg.FaultPolicy)
+	}
 	c := cfg.Conn
 	if c != nil {
 		if cfg.Impair != nil {
@@ -83,13 +107,20 @@ func Open(cfg Config) (*Device, error) {
 			return nil, fmt.Errorf("softrdma: open %v: %w", addr, err)
 		}
 	}
-	place := placement.New(placement.Config{PinLimit: cfg.PinLimit})
-	t, err := transport.NewDevice(transport.Config{Conn: c, Placement: place, Logf: cfg.Logf})
+	place := placement.New(placement.Config{PinLimit: cfg.PinLimit, AddressSpace: cfg.AddressSpace,
+		ODPBudget: cfg.ODPBudget, NoODP: !cfg.Profile.odp()})
+	t, err := transport.NewDevice(transport.Config{Conn: c, Placement: place, Logf: cfg.Logf, FaultPolicy: cfg.FaultPolicy})
 	if err != nil {
 		c.Close()
 		return nil, fmt.Errorf("softrdma: open: %w", err)
 	}
-	return &Device{t: t, place: place, conn: c}, nil
+	profile := cfg.Profile
+	if profile == "" {
+		profile = ProfileODP
+	}
+	d := &Device{t: t, place: place, conn: c, profile: profile}
+	d.odp.as = cfg.AddressSpace
+	return d, nil
 }
 
 func (d *Device) closed() bool { return d.t.Closed() }
@@ -97,7 +128,20 @@ func (d *Device) closed() bool { return d.t.Closed() }
 // Close destroys every QP (flushing their WRs) and releases the socket
 // (ibv_close_device). Registered MRs stay valid memory but are no longer
 // reachable by the network.
-func (d *Device) Close() error { return d.t.Close() }
+func (d *Device) Close() error {
+	err := d.t.Close()
+	d.odp.mu.Lock()
+	defer d.odp.mu.Unlock()
+	if d.odp.own && d.odp.as != nil {
+		// MRs still registered on it keep their subscriptions; the
+		// address space refuses to close then (hostmem.ErrBusy), and its
+		// memory stays mapped for them.
+		if cerr := d.odp.as.Close(); cerr == nil {
+			d.odp.as = nil
+		}
+	}
+	return err
+}
 
 // GID returns the device's address as a 16-byte GID (IPv4 addresses are
 // IPv4-mapped, ::ffff:a.b.c.d, as RoCEv2 GID index 1 is in rxe).
@@ -142,6 +186,8 @@ type DeviceAttr struct {
 	AtomicCap       string // "ATOMIC_HCA": atomic with respect to this device's own atomics
 	ActiveMTU       MTU    // largest path MTU (4096)
 	GID             [16]byte
+	ODPCaps         ODPCaps // on-demand paging (ibv_device_attr_ex.odp_caps)
+	Profile         Profile // the device profile
 }
 
 // MaxCQE is the largest CQ depth.
@@ -154,7 +200,7 @@ func (d *Device) Attr() DeviceAttr {
 		MaxSGE: transport.MaxSGE, MaxCQE: MaxCQE, MaxMRSize: 1 << 40,
 		MaxQPRdAtom: transport.MaxRdAtomic, MaxQPInitRdAtom: transport.MaxRdAtomic,
 		MaxInlineData: transport.MaxInline, PageSizeCap: 4096, AtomicCap: "ATOMIC_HCA",
-		ActiveMTU: MTU4096, GID: d.GID(),
+		ActiveMTU: MTU4096, GID: d.GID(), ODPCaps: d.profile.odpCaps(), Profile: d.profile,
 	}
 }
 
@@ -183,23 +229,40 @@ var ErrBadAccess = errors.New("softrdma: REMOTE_WRITE and REMOTE_ATOMIC need LOC
 
 // RegMR registers buf in pd with the given access (ibv_reg_mr). The pages
 // are prefaulted and locked (mlock); the MR's IOVA is the address of
-// buf[0]. Errors: empty buffer, ErrBadAccess, a pin limit (the error names
-// RLIMIT_MEMLOCK or the configured limit).
+// buf[0]. With AccessOnDemand nothing is pinned: buf must be memory of the
+// device's AddressSpace, and its pages are faulted in when first used
+// (ODP). Errors: empty buffer, ErrBadAccess, a pin limit (the error names
+// RLIMIT_MEMLOCK or the configured limit); for ODP, ErrNoODP on a profile
+// without it and an invalid-argument error for memory outside the address
+// space.
 func (d *Device) RegMR(pd *PD, buf []byte, access Access) (*MR, error) {
-	if pd == nil || pd.dev != d {
-		return nil, ErrBadPD
+	if err := d.checkReg(pd, access); err != nil {
+		return nil, err
 	}
-	if d.closed() {
-		return nil, fmt.Errorf("softrdma: reg MR: %w", transport.ErrClosed)
-	}
-	if access&(AccessRemoteWrite|AccessRemoteAtomic) != 0 && access&AccessLocalWrite == 0 {
-		return nil, ErrBadAccess
+	if access&AccessOnDemand != 0 {
+		if _, err := d.AddressSpace(); err != nil {
+			return nil, fmt.Errorf("softrdma: reg MR: %w", err)
+		}
 	}
 	mr, err := d.place.RegMR(pd.id, buf, access)
 	if err != nil {
 		return nil, fmt.Errorf("softrdma: reg MR: %w", err)
 	}
 	return mr, nil
+}
+
+// checkReg makes the checks every registration shares.
+func (d *Device) checkReg(pd *PD, access Access) error {
+	if pd == nil || pd.dev != d {
+		return ErrBadPD
+	}
+	if d.closed() {
+		return fmt.Errorf("softrdma: reg MR: %w", transport.ErrClosed)
+	}
+	if access&(AccessRemoteWrite|AccessRemoteAtomic) != 0 && access&AccessLocalWrite == 0 {
+		return ErrBadAccess
+	}
+	return nil
 }
 
 // DeregMR invalidates the MR's keys, waits for placements in flight through

@@ -544,6 +544,25 @@ func (s *AddressSpace) FrameOf(addr uint64) (Frame, bool) {
 	return Frame(v&pteFrame - 1), true
 }
 
+// Mapped reports whether the page holding addr is mapped (and writable, if
+// write): whether a fault on it can succeed. It takes no lock, makes no
+// system call and allocates nothing; the answer may be stale at once.
+func (s *AddressSpace) Mapped(addr uint64, write bool) bool {
+	if s.closed.Load() {
+		return false
+	}
+	p, ok := s.pageOf(addr)
+	if !ok {
+		return false
+	}
+	e := s.pte(p)
+	if e == nil {
+		return false
+	}
+	v := e.Load()
+	return v&pteFrame != 0 && (!write || v&pteReadOnly == 0)
+}
+
 // Resolve is the fault handler's look-up: the frame that currently backs
 // the application page holding addr, its NIC address and whether it is
 // writable. It populates the frame (MADV_POPULATE_WRITE on the NIC view:

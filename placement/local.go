@@ -81,6 +81,7 @@ func (e *Engine) sgl(pd uint32, sgl []SGE, offset uint64, b []byte, write bool) 
 		}
 		k := min(l-offset, n-done)
 		var sp stag.Span[*MR]
+	again:
 		if e.mrs.Open(&sp, pd, stag.STag(s.LKey), need, s.Addr, l) != stag.OK {
 			return LocalProtErr
 		}
@@ -91,11 +92,24 @@ func (e *Engine) sgl(pd uint32, sgl []SGE, offset uint64, b []byte, write bool) 
 		case sp.Linear():
 			copy(b[done:done+k], sp.At(offset, k))
 		case write:
-			_, tr = sp.Entry.Value.table.CopyIn(s.Addr+offset, b[done:done+k])
+			tr = sp.Entry.Value.copyIn(s.Addr+offset, b[done:done+k])
 		default:
-			_, tr = sp.Entry.Value.table.CopyOut(s.Addr+offset, b[done:done+k])
+			tr = sp.Entry.Value.copyOut(s.Addr+offset, b[done:done+k])
 		}
+		mr := sp.Entry.Value
 		sp.Close()
+		if (tr == pagetable.NotPresent || tr == pagetable.NoPermission) && mr.odp != nil {
+			// The requester's own ODP memory: fault inline and retry
+			// (a page that cannot be faulted in is a protection error).
+			fl := pagetable.FaultFlags(0)
+			if write {
+				fl = pagetable.FaultWrite
+			}
+			if mr.fault(s.Addr+offset, k, fl) != nil {
+				return LocalProtErr
+			}
+			goto again
+		}
 		if tr != pagetable.OK {
 			return tableStatus(tr, false)
 		}

@@ -3,9 +3,12 @@ package placement
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"sync/atomic"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/softrdma/softrdma/hostmem"
 	"github.com/softrdma/softrdma/pagetable"
@@ -15,9 +18,10 @@ import (
 // Errors of the control path (registration).
 var (
 	// ErrInvalid is EINVAL: the arguments break a verbs rule.
-	ErrInvalid = errors.New("invalid argument")
-	// ErrNotSupported: the request is valid but not implemented yet.
-	ErrNotSupported = errors.New("not supported")
+	ErrInvalid error = unix.EINVAL
+	// ErrNotSupported is EOPNOTSUPP: the request is valid but not
+	// implemented yet.
+	ErrNotSupported error = unix.EOPNOTSUPP
 	// ErrDeregistered: the MR was already deregistered.
 	ErrDeregistered = errors.New("placement: MR already deregistered")
 )
@@ -31,6 +35,16 @@ type Config struct {
 	PinLimit int64
 	// MaxMRs bounds the key table (0: 2^24-1, every index an STag can name).
 	MaxMRs uint32
+	// AddressSpace is the host address space that ODP MRs are registered
+	// on (nil: ODP registrations fail with ErrNoODP).
+	AddressSpace *hostmem.AddressSpace
+	// ODPBudget bounds the bytes that the ODP MRs of the device hold
+	// present at once (rounded down to pages, at least
+	// pagetable.MinBudgetPages); over it the least recently used pages
+	// are evicted. 0: unlimited.
+	ODPBudget int64
+	// NoODP disables on-demand paging (a device profile without it).
+	NoODP bool
 }
 
 // Engine is the placement engine of one device: its key table, pin
@@ -42,11 +56,21 @@ type Engine struct {
 	mrs   stag.Table[*MR]
 	pins  *hostmem.PinAccount
 	space hostmem.Space
+
+	// Demand paging.
+	asSet    atomic.Pointer[hostmem.AddressSpace]
+	budget   *pagetable.Budget
+	noODP    bool
+	asyncSem chan struct{}
 }
 
 // New returns an engine.
 func New(cfg Config) *Engine {
-	e := &Engine{pins: hostmem.NewPinAccount(cfg.PinLimit)}
+	e := &Engine{pins: hostmem.NewPinAccount(cfg.PinLimit), noODP: cfg.NoODP,
+		budget: pagetable.NewBudget(cfg.ODPBudget), asyncSem: make(chan struct{}, maxAsyncFaults)}
+	if cfg.AddressSpace != nil {
+		e.asSet.Store(cfg.AddressSpace)
+	}
 	e.mrs.Init(cfg.MaxMRs)
 	return e
 }
@@ -81,7 +105,8 @@ func (e *Engine) HostAlloc(size int) (*hostmem.Buffer, error) {
 type MR struct {
 	key   stag.STag        // entry.STag, kept here: one dependent load less
 	entry *stag.Entry[*MR] // key table entry; its Value is this MR
-	table *pagetable.Table // translation of the region
+	table *pagetable.Table // translation of a pinned region
+	odp   *odpState        // translation of an ODP region (then table is nil)
 	buf   []byte           // the registered bytes, kept referenced
 	dead  atomic.Bool      // DeregMR has started
 	eng   *Engine
@@ -99,8 +124,13 @@ func (m *MR) RKey() uint32 { return uint32(m.key) }
 // byte (ibv_mr.addr).
 func (m *MR) Addr() uint64 { return m.entry.IOVA }
 
-// Len returns the region's length in bytes (ibv_mr.length).
-func (m *MR) Len() int { return len(m.buf) }
+// Len returns the region's length in bytes (ibv_mr.length), at most
+// math.MaxInt (an implicit ODP MR's length is 2^64-1; see Length).
+func (m *MR) Len() int { return int(min(m.entry.Length, math.MaxInt)) }
+
+// Length returns the region's length in bytes as ibv_mr.length holds it
+// (SIZE_MAX for an implicit ODP MR).
+func (m *MR) Length() uint64 { return m.entry.Length }
 
 // Access returns the rights the region was registered with.
 func (m *MR) Access() stag.Access { return m.entry.Access }
@@ -119,20 +149,19 @@ func (m *MR) Bytes() []byte { return m.buf }
 // It fails with ErrInvalid for an empty buffer, unknown access bits, or
 // REMOTE_WRITE or REMOTE_ATOMIC without LOCAL_WRITE (IBTA 10.6.3.1; the
 // kernel's ib_check_mr_access returns EINVAL), with ErrNotSupported for
-// ON_DEMAND and ZERO_BASED (later issues), and with an error wrapping
-// hostmem.ErrPinLimit when the pin limit would be exceeded.
+// ZERO_BASED, and with an error wrapping hostmem.ErrPinLimit when the pin
+// limit would be exceeded.
+//
+// With AccessOnDemand nothing is pinned or populated: buf must lie in the
+// device's host address space (Config.AddressSpace; ErrInvalid otherwise,
+// ErrNoODP when there is none or ODP is disabled) and its pages are
+// faulted in at their first use (see RegMRAddr).
 func (e *Engine) RegMR(pd uint32, buf []byte, access stag.Access) (*MR, error) {
-	switch {
-	case len(buf) == 0:
-		return nil, fmt.Errorf("placement: reg MR: empty buffer: %w", ErrInvalid)
-	case access&^stag.AccessAll != 0:
-		return nil, fmt.Errorf("placement: reg MR: unknown access flags %#x: %w", uint32(access&^stag.AccessAll), ErrInvalid)
-	case access&(stag.AccessRemoteWrite|stag.AccessRemoteAtomic) != 0 && access&stag.AccessLocalWrite == 0:
-		return nil, fmt.Errorf("placement: reg MR: %v without LOCAL_WRITE: %w", access, ErrInvalid)
-	case access&stag.AccessOnDemand != 0:
-		return nil, fmt.Errorf("placement: reg MR: ON_DEMAND: %w", ErrNotSupported)
-	case access&stag.AccessZeroBased != 0:
-		return nil, fmt.Errorf("placement: reg MR: ZERO_BASED: %w", ErrNotSupported)
+	if err := checkAccess(len(buf) == 0, access); err != nil {
+		return nil, err
+	}
+	if access&stag.AccessOnDemand != 0 {
+		return e.regODP(pd, hostmem.AddrOf(buf), uint64(len(buf)), buf, access)
 	}
 	iova := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(buf))))
 	table, err := pagetable.NewPinned(iova, buf, &e.space, e.pins, access&stag.AccessLocalWrite != 0)
@@ -188,7 +217,13 @@ func (e *Engine) DeregMR(mr *MR) error {
 	if err := e.mrs.Free(key); err != nil {
 		panic("placement: the key of a live MR is missing: " + err.Error())
 	}
-	if err := mr.table.Release(); err != nil {
+	var err error
+	if mr.odp != nil {
+		err = mr.odp.t.Release()
+	} else {
+		err = mr.table.Release()
+	}
+	if err != nil {
 		return fmt.Errorf("placement: dereg MR: %w", err)
 	}
 	return nil

@@ -138,7 +138,7 @@ func (e *Engine) writeSlow(c *Cursor, payload []byte) Status {
 	}
 	if s.Linear() {
 		copy(s.At(s.Done, n), payload)
-	} else if _, r := s.Entry.Value.table.CopyIn(s.IOVA+s.Done, payload); r != pagetable.OK {
+	} else if r := s.Entry.Value.copyIn(s.IOVA+s.Done, payload); r != pagetable.OK {
 		return tableStatus(r, true)
 	}
 	s.Done += n
@@ -173,7 +173,7 @@ func (e *Engine) readSlow(c *Cursor, dst []byte) Status {
 	}
 	if s.Linear() {
 		copy(dst, s.At(s.Done, n))
-	} else if _, r := s.Entry.Value.table.CopyOut(s.IOVA+s.Done, dst); r != pagetable.OK {
+	} else if r := s.Entry.Value.copyOut(s.IOVA+s.Done, dst); r != pagetable.OK {
 		return tableStatus(r, true)
 	}
 	s.Done += n
@@ -230,6 +230,12 @@ func (e *Engine) Atomic(pd, rkey uint32, va uint64, op AtomicOp, swapAdd, compar
 		}
 	}
 	if p == nil {
+		if t := sp.Entry.Value.odp; t != nil && (op == CmpSwap || op == FetchAdd) {
+			// An ODP word: run the operation inside the table's copy
+			// section. WouldFault: nothing was executed.
+			orig, tr := atomicODP(t.t, va, op, swapAdd, compare)
+			return orig, tableStatus(tr, true)
+		}
 		// Misaligned (InvalidRequest), or a region that is not mapped
 		// linearly: the table says which.
 		var tr pagetable.Result
@@ -237,16 +243,21 @@ func (e *Engine) Atomic(pd, rkey uint32, va uint64, op AtomicOp, swapAdd, compar
 			return 0, tableStatus(tr, true)
 		}
 	}
-	switch op {
-	case CmpSwap:
+	if op != CmpSwap && op != FetchAdd {
+		return 0, InvalidRequest
+	}
+	return atomicOn(p, op, swapAdd, compare), OK
+}
+
+// atomicOn executes op on the word at p and returns its original value.
+func atomicOn(p *uint64, op AtomicOp, swapAdd, compare uint64) uint64 {
+	if op == CmpSwap {
 		for {
 			old := atomic.LoadUint64(p)
 			if old != compare || atomic.CompareAndSwapUint64(p, old, swapAdd) {
-				return old, OK
+				return old
 			}
 		}
-	case FetchAdd:
-		return atomic.AddUint64(p, swapAdd) - swapAdd, OK
 	}
-	return 0, InvalidRequest
+	return atomic.AddUint64(p, swapAdd) - swapAdd
 }

@@ -30,6 +30,10 @@ type Options struct {
 	PcapPath   string       // capture into this file and always keep it
 	DisableGSO bool
 	DisableGRO bool
+	// Demand paging, applied to both devices.
+	Profile     softrdma.Profile
+	FaultPolicy softrdma.FaultPolicy
+	ODPBudget   int64 // bytes
 }
 
 // Side is one end of a Pair.
@@ -87,6 +91,7 @@ func NewPair(tb testing.TB, o Options) *Pair {
 	for _, c := range []*softrdma.Config{&cfgA, &cfgB} {
 		c.Impair = o.Impair
 		c.DisableGSO, c.DisableGRO = o.DisableGSO, o.DisableGRO
+		c.Profile, c.FaultPolicy, c.ODPBudget = o.Profile, o.FaultPolicy, o.ODPBudget
 		c.Logf = tb.Logf
 		if tap != nil {
 			c.Tap = tap

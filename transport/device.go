@@ -33,6 +33,32 @@ type Config struct {
 	Conn      conn.Conn            // the network; the device owns it from now on
 	Placement *placement.Engine    // memory: STags and translation
 	Logf      func(string, ...any) // rate-limited warnings; nil = silent
+	// FaultPolicy says how the responder meets a page fault of an ODP MR
+	// (FaultSync, the default, or FaultRNR).
+	FaultPolicy FaultPolicy
+}
+
+// FaultPolicy is how a responder handles a page fault on an ODP MR named
+// by an incoming RDMA WRITE or atomic.
+type FaultPolicy uint8
+
+const (
+	// FaultSync resolves the fault inline, before the packet is placed,
+	// holding up the receive loop for the fault's duration (Linux rxe's
+	// ODP: rxe_odp_mr_copy faults the range and copies).
+	FaultSync FaultPolicy = iota
+	// FaultRNR answers the packet with an RNR NAK (the QP's
+	// min_rnr_timer), starts the fault in the background, and places the
+	// packet when the requester retries it (mlx5's ODP on the responder).
+	// The requester's rnr_retry bounds how often it retries.
+	FaultRNR
+)
+
+func (p FaultPolicy) String() string {
+	if p == FaultRNR {
+		return "rnr"
+	}
+	return "sync"
 }
 
 // Device is one emulated RDMA NIC: a UDP endpoint, its QPs and the two
@@ -42,6 +68,7 @@ type Device struct {
 	place    *placement.Engine
 	logf     func(string, ...any)
 	counters Counters
+	policy   FaultPolicy
 
 	qps struct {
 		sync.Mutex
@@ -76,6 +103,7 @@ func NewDevice(cfg Config) (*Device, error) {
 		conn:     cfg.Conn,
 		place:    cfg.Placement,
 		logf:     cfg.Logf,
+		policy:   cfg.FaultPolicy,
 		runqWake: make(chan struct{}, 1),
 		done:     make(chan struct{}),
 	}

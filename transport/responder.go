@@ -194,7 +194,16 @@ func (qp *QP) execWrite(p *wire.Packet, path *path, b *txBatch) bool {
 		return false
 	}
 	if n > 0 {
-		if st := e.Write(&r.cur, p.Payload); st != placement.OK {
+		st := e.Write(&r.cur, p.Payload)
+		if st == placement.WouldFault {
+			if st = qp.pageFault(b, path, p, &r.cur, n); st == placement.WouldFault {
+				return false // RNR NAK sent; the packet comes again
+			}
+			if st == placement.OK {
+				st = e.Write(&r.cur, p.Payload)
+			}
+		}
+		if st != placement.OK {
 			e.End(&r.cur)
 			qp.respError(b, path, DropAccess, syndromeFor(st), statusFor(st))
 			return false
@@ -211,6 +220,54 @@ func (qp *QP) execWrite(p *wire.Packet, path *path, b *txBatch) bool {
 		}
 	}
 	return true
+}
+
+// pageFault handles a WouldFault of an RDMA WRITE packet of n bytes at the
+// cursor c, by the device's fault policy. FaultSync resolves it inline and
+// returns OK (place the packet now) or RemoteAccessErr. FaultRNR sends an
+// RNR NAK for the packet, starts the fault of the rest of the message in
+// the background and returns WouldFault: the packet is not placed and the
+// expected PSN stays, so the requester's retry continues the message; the
+// cursor of a FIRST or ONLY packet is ended, since the retry begins the
+// message again.
+func (qp *QP) pageFault(b *txBatch, path *path, p *wire.Packet, c *placement.Cursor, n uint64) placement.Status {
+	e := qp.dev.place
+	if qp.dev.policy == FaultRNR {
+		if st := e.FaultCursorAsync(c, n, maxAsyncFaultBytes, qp.pd); st != placement.WouldFault {
+			qp.dev.counters.ODPFaultErrs.Add(1)
+			return st
+		}
+		if p.Info.Mask&wire.MaskFirst != 0 {
+			e.End(c)
+		}
+		qp.odpRNR(b, path, p.PSN())
+		return placement.WouldFault
+	}
+	qp.dev.counters.ODPSyncFaults.Add(1)
+	// Blocking: quiesce first, so that a deregistration elsewhere does not
+	// wait for the fault (the cursor refreshes its mapping at its next use).
+	qp.dev.reader.Quiesce()
+	st := e.FaultCursor(c, n)
+	if st != placement.OK {
+		qp.dev.counters.ODPFaultErrs.Add(1)
+	}
+	return st
+}
+
+// maxAsyncFaultBytes bounds what one background fault of the rnr policy
+// resolves ahead of the faulting packet: the rest of the message, up to
+// this many bytes (mlx5 likewise faults the rest of a WQE's range).
+const maxAsyncFaultBytes = 4 << 20
+
+// odpRNR sends an RNR NAK for psn because of a page fault, and lets the
+// packets behind it go without a sequence NAK.
+func (qp *QP) odpRNR(b *txBatch, path *path, psn wire.PSN) {
+	ctr := &qp.dev.counters
+	ctr.SendRNRErr.Add(1)
+	ctr.ODPRNRNAKs.Add(1)
+	ctr.drop(DropRNR)
+	qp.resp.nakSent = true
+	qp.sendAck(b, path, wire.RNRNAK(path.minRNRTimer), psn)
 }
 
 // execRead executes an RDMA READ request: it saves a responder resource
@@ -281,7 +338,20 @@ func (qp *QP) sendReadResponses(b *txBatch, path *path, psn wire.PSN, va uint64,
 			wire.AETH(buf[info.Offset[wire.HdrAETH]:]).Encode(wire.SyndromeACK, r.msn)
 		}
 		if n > 0 {
-			if st := e.Read(&r.readCur, buf[info.Length:info.Length+int(n)]); st != placement.OK {
+			st := e.Read(&r.readCur, buf[info.Length:info.Length+int(n)])
+			if st == placement.WouldFault {
+				// READ faults are resolved inline under both policies:
+				// the responses are generated here, and an RNR NAK does
+				// not answer a READ (IBTA 9.7.5.2.8).
+				qp.dev.counters.ODPSyncFaults.Add(1)
+				qp.dev.reader.Quiesce()
+				if st = e.FaultCursor(&r.readCur, n); st == placement.OK {
+					st = e.Read(&r.readCur, buf[info.Length:info.Length+int(n)])
+				} else {
+					qp.dev.counters.ODPFaultErrs.Add(1)
+				}
+			}
+			if st != placement.OK {
 				b.n-- // drop the half-built packet
 				qp.sendAck(b, path, syndromeFor(st), psn.Add(i))
 				return
@@ -308,6 +378,25 @@ func (qp *QP) execAtomic(p *wire.Packet, path *path, b *txBatch) {
 		op = placement.CmpSwap
 	}
 	orig, st := qp.dev.place.Atomic(qp.pd, a.RKey(), a.VA(), op, a.SwapAdd(), a.Compare())
+	if st == placement.WouldFault {
+		if qp.dev.policy == FaultRNR {
+			if qp.dev.place.ResolvableRemote(qp.pd, a.RKey(), a.VA(), 8, true) {
+				qp.odpRNR(b, path, p.PSN())
+				qp.dev.place.FaultAsync(qp.pd, a.RKey(), a.VA(), 8, true)
+				return
+			}
+			qp.dev.counters.ODPFaultErrs.Add(1)
+			qp.respError(b, path, DropAccess, wire.SyndromeNAKRemoteAccess, WCRemAccessErr)
+			return
+		}
+		qp.dev.counters.ODPSyncFaults.Add(1)
+		qp.dev.reader.Quiesce()
+		if st = qp.dev.place.FaultRemote(qp.pd, a.RKey(), a.VA(), 8, true); st == placement.OK {
+			orig, st = qp.dev.place.Atomic(qp.pd, a.RKey(), a.VA(), op, a.SwapAdd(), a.Compare())
+		} else {
+			qp.dev.counters.ODPFaultErrs.Add(1)
+		}
+	}
 	if st != placement.OK {
 		qp.respError(b, path, DropAccess, syndromeFor(st), statusFor(st))
 		return

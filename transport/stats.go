@@ -24,6 +24,9 @@ type Counters struct {
 	RetransmitTimeouts  atomic.Uint64 // retransmit timer expiries that retried (not an rxe counter)
 	NAKsSent            atomic.Uint64 // NAKs of any kind sent by responders
 	CQOverruns          atomic.Uint64 // completions lost to a full CQ (the CQ enters error)
+	ODPSyncFaults       atomic.Uint64 // responder page faults resolved inline (fault policy sync, and READ)
+	ODPRNRNAKs          atomic.Uint64 // RNR NAKs sent for responder page faults (fault policy rnr; also in send_rnr_err)
+	ODPFaultErrs        atomic.Uint64 // responder page faults that could not be resolved (NAK remote access error)
 
 	Drops [NumDropReasons]atomic.Uint64 // per DropReason
 }
@@ -89,6 +92,9 @@ func (c *Counters) Snapshot() []Counter {
 		{"retransmit_timeouts", c.RetransmitTimeouts.Load()},
 		{"naks_sent", c.NAKsSent.Load()},
 		{"cq_overruns", c.CQOverruns.Load()},
+		{"odp_sync_faults", c.ODPSyncFaults.Load()},
+		{"odp_rnr_naks", c.ODPRNRNAKs.Load()},
+		{"odp_fault_errors", c.ODPFaultErrs.Load()},
 	}
 	for r := DropReason(0); r < NumDropReasons; r++ {
 		out = append(out, Counter{"drop_" + r.String(), c.Drops[r].Load()})

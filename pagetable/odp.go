@@ -1,0 +1,683 @@
+package pagetable
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/softrdma/softrdma/hostmem"
+)
+
+// ChildShift is the log2 of the pages one child table of an on-demand
+// table covers: 2^18 pages of 4 KiB, 1 GiB, the size of the children mlx5
+// builds lazily for an implicit ODP MR (MLX5_IMR_MTT_SIZE).
+const ChildShift = 18
+
+const (
+	childPages = 1 << ChildShift
+	childMask  = childPages - 1
+)
+
+// inRing marks an entry that the budget's clock ring references, so that a
+// page faulted in again is not queued twice. It is kept apart from the
+// public flags.
+const inRing Flags = 1 << 31
+
+// Errors of the fault path. Fault wraps them with the address.
+var (
+	// ErrFault: the page cannot be faulted in: the address is not mapped
+	// in the host address space (a peer named memory the application
+	// freed), or the access writes a read-only page. The data path answers
+	// a remote access error (IBTA 9.7.5.2.4), as an mlx5 ODP fault that
+	// fails does.
+	ErrFault = errors.New("pagetable: page fault cannot be resolved")
+)
+
+// FaultFlags say what Fault is asked to do.
+type FaultFlags uint8
+
+const (
+	// FaultWrite: map the pages writable (the NIC will write them).
+	FaultWrite FaultFlags = 1 << iota
+	// FaultNoPopulate: map only pages the host already holds; skip the
+	// others (ibv_advise_mr's PREFETCH_NO_FAULT).
+	FaultNoPopulate
+	// FaultPrefetch: counted as prefetch (page_prefetch), not as faults.
+	FaultPrefetch
+)
+
+// ODPStats are the counters of one on-demand table, with mlx5's names
+// (rdma statistic show mr; drivers/infiniband/hw/mlx5/restrack.c), all in
+// pages.
+type ODPStats struct {
+	PageFaults               int64 // pages the data path asked to fault in
+	PageFaultsHandled        int64 // of those, pages made present
+	PageInvalidations        int64 // present pages an invalidation or eviction asked to clear
+	PageInvalidationsHandled int64 // of those, cleared with no copy left in flight on them
+	PagePrefetch             int64 // pages made present by prefetch advice
+	Evictions                int64 // pages cleared by the budget (included in PageInvalidations)
+}
+
+// child is the entries of up to 2^ChildShift consecutive pages.
+type child struct{ e []entry }
+
+// ODP is the translation table of an on-demand memory region (IBV_ACCESS_ON_
+// DEMAND): every entry starts not present; a copy that meets a page that is
+// not present (or not writable, for a write) stops with NotPresent or
+// NoPermission before copying any byte of its range; Fault then fills the
+// entries from the host address space under its notifier's sequence count
+// (mmu_interval_read_begin / read_retry), and the copy is repeated.
+//
+// The host address space invalidates ranges through the table's
+// subscription: Invalidate clears the entries and then waits until every
+// copy that may have used them has finished, so that after it returns no
+// byte lands in an invalidated frame. Copies announce themselves in one of
+// two counters selected by an epoch (sleepable RCU, reduced to what a
+// per-packet copy needs): an invalidation clears the entries, flips the
+// epoch and waits for the old epoch's counter to reach zero.
+//
+// An implicit table (NewImplicit) covers the whole I/O address space
+// (ibv_reg_mr(pd, NULL, SIZE_MAX, IBV_ACCESS_ON_DEMAND)); its children,
+// 1 GiB each, are allocated at the first fault in their range, as mlx5
+// builds its implicit MR's children. Addresses outside the host address
+// space cannot be faulted in.
+type ODP struct {
+	iova, length uint64 // the region (an implicit table: 0, MaxUint64)
+	base         uint64 // address of the first page the children cover
+	npages       uint64 // pages the children cover
+	implicit     bool
+	writable     bool // the region has LOCAL_WRITE: pages may be mapped writable
+
+	children []atomic.Pointer[child]
+
+	as     *hostmem.AddressSpace
+	sub    *hostmem.Subscription
+	budget *Budget
+
+	// mu serializes installs (Fault) with clears (Invalidate, eviction,
+	// Release); copies take no lock.
+	mu sync.Mutex
+	// faultMu serializes the table's faults (as the kernel's umem_mutex
+	// does for an ODP MR), so that two faults of the same page (a retried
+	// packet and a background fault) resolve it once and count it once.
+	faultMu sync.Mutex
+	// epoch selects the in-flight counter new copies use; active counts
+	// the copies of each epoch. Invalidations hold flipMu while they flip
+	// and wait.
+	epoch  atomic.Uint32
+	active [2]struct {
+		n atomic.Int64
+		_ [56]byte
+	}
+	flipMu sync.Mutex
+
+	released atomic.Bool
+
+	stats struct {
+		faults, faultsHandled, invals, invalsHandled, prefetch, evictions atomic.Int64
+	}
+}
+
+// NewODP builds the on-demand table of the region [iova, iova+length) of
+// the host address space as (the region's IOVA is its address), with every
+// entry not present, and subscribes it to as's invalidations. writable
+// says the region has LOCAL_WRITE. budget (nil: unlimited) limits the
+// pages present in all the tables that share it. The range must lie inside
+// as (Bounds); it need not be mapped yet.
+func NewODP(as *hostmem.AddressSpace, iova, length uint64, writable bool, budget *Budget) (*ODP, error) {
+	if as == nil {
+		return nil, errors.New("pagetable: an on-demand table needs a host address space")
+	}
+	if length == 0 {
+		return nil, errors.New("pagetable: empty region")
+	}
+	b := as.Bounds()
+	if iova < b.Start || length > b.Len() || iova-b.Start > b.Len()-length {
+		return nil, fmt.Errorf("pagetable: region [%#x, +%d) is outside the host address space %v", iova, length, b)
+	}
+	start := iova &^ pageMask
+	end := (iova + length + pageMask) &^ pageMask
+	t := &ODP{iova: iova, length: length, base: start, npages: (end - start) >> PageShift,
+		writable: writable, as: as, budget: budget}
+	nc := (t.npages + childMask) >> ChildShift
+	t.children = make([]atomic.Pointer[child], nc)
+	for c := range t.children {
+		n := min(t.npages-uint64(c)<<ChildShift, childPages)
+		t.children[c].Store(&child{e: make([]entry, n)})
+	}
+	if err := t.subscribe(start, end-start); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// NewImplicit builds an implicit on-demand table: the region is the whole
+// I/O address space, [0, 2^64-1), and the children covering the host
+// address space as are allocated at their first fault.
+func NewImplicit(as *hostmem.AddressSpace, writable bool, budget *Budget) (*ODP, error) {
+	if as == nil {
+		return nil, errors.New("pagetable: an on-demand table needs a host address space")
+	}
+	b := as.Bounds()
+	t := &ODP{iova: 0, length: math.MaxUint64, base: b.Start, npages: b.Len() >> PageShift,
+		implicit: true, writable: writable, as: as, budget: budget}
+	t.children = make([]atomic.Pointer[child], (t.npages+childMask)>>ChildShift)
+	if err := t.subscribe(b.Start, b.Len()); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+func (t *ODP) subscribe(start, length uint64) error {
+	sub, err := t.as.Subscribe(start, length, t)
+	if err != nil {
+		return fmt.Errorf("pagetable: %w", err)
+	}
+	t.sub = sub
+	return nil
+}
+
+// IOVA returns the address of the region's first byte (0 for an implicit
+// table).
+func (t *ODP) IOVA() uint64 { return t.iova }
+
+// Len returns the region's length in bytes (MaxUint64 for an implicit
+// table).
+func (t *ODP) Len() uint64 { return t.length }
+
+// Implicit reports whether the table is implicit.
+func (t *ODP) Implicit() bool { return t.implicit }
+
+// Children returns how many child tables (1 GiB each for an implicit
+// table) exist now.
+func (t *ODP) Children() int {
+	n := 0
+	for c := range t.children {
+		if t.children[c].Load() != nil {
+			n++
+		}
+	}
+	return n
+}
+
+// Stats returns the table's counters.
+func (t *ODP) Stats() ODPStats {
+	return ODPStats{
+		PageFaults:               t.stats.faults.Load(),
+		PageFaultsHandled:        t.stats.faultsHandled.Load(),
+		PageInvalidations:        t.stats.invals.Load(),
+		PageInvalidationsHandled: t.stats.invalsHandled.Load(),
+		PagePrefetch:             t.stats.prefetch.Load(),
+		Evictions:                t.stats.evictions.Load(),
+	}
+}
+
+// entry returns the entry of page pg (counted from base), nil when its
+// child does not exist yet.
+func (t *ODP) entry(pg uint64) *entry {
+	c := t.children[pg>>ChildShift].Load()
+	if c == nil {
+		return nil
+	}
+	return &c.e[pg&childMask]
+}
+
+// pages returns the first page and the page count of [iova, iova+n), and
+// whether the range lies in the region and in the pages the table covers.
+func (t *ODP) pages(iova, n uint64) (first, count uint64, ok bool) {
+	if n == 0 || iova < t.iova || n > t.length || iova-t.iova > t.length-n {
+		return 0, 0, false
+	}
+	if iova < t.base || iova-t.base >= t.npages<<PageShift || n > t.npages<<PageShift-(iova-t.base) {
+		return 0, 0, false
+	}
+	first = (iova - t.base) >> PageShift
+	last := (iova + n - 1 - t.base) >> PageShift
+	return first, last - first + 1, true
+}
+
+// enter announces a copy; the returned epoch goes to exit.
+func (t *ODP) enter() uint32 {
+	i := t.epoch.Load() & 1
+	t.active[i].n.Add(1)
+	return i
+}
+
+func (t *ODP) exit(i uint32) { t.active[i].n.Add(-1) }
+
+// check reports whether every page of [first, first+count) allows the
+// access, and sets their Accessed bits (for the budget's clock).
+func (t *ODP) check(first, count uint64, need Flags) Result {
+	for pg := first; pg < first+count; pg++ {
+		e := t.entry(pg)
+		if e == nil {
+			return NotPresent
+		}
+		f := Flags(e.flags.Load())
+		if f&need != need {
+			return missing(f)
+		}
+		if f&Accessed == 0 {
+			e.flags.Or(uint32(Accessed))
+		}
+	}
+	return OK
+}
+
+// CopyIn copies src into the region at iova (the NIC writes memory). It
+// first checks that every page of the range is present and writable; if
+// one is not it copies nothing and returns 0 with NotPresent or
+// NoPermission (fault the range in with Fault, then call again), or
+// OutOfRange. It allocates nothing and takes no lock.
+func (t *ODP) CopyIn(iova uint64, src []byte) (int, Result) {
+	first, count, ok := t.pages(iova, uint64(len(src)))
+	if !ok {
+		if len(src) == 0 {
+			return 0, OK
+		}
+		return 0, OutOfRange
+	}
+	ep := t.enter()
+	if r := t.check(first, count, Present|Writable); r != OK {
+		t.exit(ep)
+		return 0, r
+	}
+	done := 0
+	in := (iova - t.base) & pageMask
+	for pg := first; done < len(src); pg++ {
+		e := t.entry(pg)
+		n := copy(unsafe.Slice((*byte)(unsafe.Add(unsafe.Pointer(e.frame.Load()), in)), PageSize-in), src[done:])
+		done += n
+		in = 0
+	}
+	t.exit(ep)
+	return done, OK
+}
+
+// CopyOut copies from the region at iova into dst (the NIC reads memory),
+// with the checks of CopyIn (present pages).
+func (t *ODP) CopyOut(iova uint64, dst []byte) (int, Result) {
+	first, count, ok := t.pages(iova, uint64(len(dst)))
+	if !ok {
+		if len(dst) == 0 {
+			return 0, OK
+		}
+		return 0, OutOfRange
+	}
+	ep := t.enter()
+	if r := t.check(first, count, Present); r != OK {
+		t.exit(ep)
+		return 0, r
+	}
+	done := 0
+	in := (iova - t.base) & pageMask
+	for pg := first; done < len(dst); pg++ {
+		e := t.entry(pg)
+		n := copy(dst[done:], unsafe.Slice((*byte)(unsafe.Add(unsafe.Pointer(e.frame.Load()), in)), PageSize-in))
+		done += n
+		in = 0
+	}
+	t.exit(ep)
+	return done, OK
+}
+
+// Atomic64 runs op on the 64-bit word at iova (8-byte aligned: Misaligned
+// otherwise) while the page is present and writable, and returns op's
+// result. op runs inside the copy section: an invalidation of the page
+// waits for it. On NotPresent or NoPermission op is not run.
+func (t *ODP) Atomic64(iova uint64, op func(p *uint64) uint64) (uint64, Result) {
+	if iova&7 != 0 {
+		return 0, Misaligned
+	}
+	first, _, ok := t.pages(iova, 8)
+	if !ok {
+		return 0, OutOfRange
+	}
+	ep := t.enter()
+	if r := t.check(first, 1, Present|Writable); r != OK {
+		t.exit(ep)
+		return 0, r
+	}
+	e := t.entry(first)
+	p := (*uint64)(unsafe.Add(unsafe.Pointer(e.frame.Load()), (iova-t.base)&pageMask))
+	v := op(p)
+	t.exit(ep)
+	return v, OK
+}
+
+// faultBatch is how many pages Fault resolves under one sequence count.
+const faultBatch = 64
+
+// Fault makes the pages of [iova, iova+n) present (and writable with
+// FaultWrite), resolving them in the host address space (which populates
+// pages never touched, unless FaultNoPopulate), installing each batch only
+// if no invalidation of the range ran meanwhile, and charging the budget,
+// which may evict other pages first. It returns the pages it made present.
+// Pages already present with the access are skipped. It must not be called
+// from inside a copy (it may wait for an invalidation, which waits for
+// copies).
+//
+// Errors: OutOfRange-style misuse (a range outside the region) and pages
+// that cannot be resolved wrap ErrFault; with FaultNoPopulate a page the
+// host does not hold is skipped, not an error. A write fault on a region
+// without LOCAL_WRITE wraps ErrFault.
+func (t *ODP) Fault(iova, n uint64, fl FaultFlags) (int, error) {
+	first, count, ok := t.pages(iova, n)
+	if !ok {
+		return 0, fmt.Errorf("%w: [%#x, +%d) is outside the region", ErrFault, iova, n)
+	}
+	if fl&FaultWrite != 0 && !t.writable {
+		return 0, fmt.Errorf("%w: write fault on a region without LOCAL_WRITE", ErrFault)
+	}
+	if t.released.Load() {
+		return 0, fmt.Errorf("%w: region deregistered", ErrFault)
+	}
+	need := Present
+	acc := hostmem.Access(0)
+	if fl&FaultWrite != 0 {
+		need |= Writable
+		acc |= hostmem.ResolveWrite
+	}
+	if fl&FaultNoPopulate != 0 {
+		acc |= hostmem.ResolveNoFault
+	}
+	var pgs [faultBatch]hostmem.Page
+	batch := uint64(faultBatch)
+	if t.budget != nil && t.budget.limit > 0 {
+		// A batch may evict, and must not need more than a fraction of
+		// the budget.
+		batch = min(batch, uint64(t.budget.limit/4))
+	}
+	if fl&FaultNoPopulate != 0 {
+		// Page by page: a page the host does not hold is skipped, and
+		// the host resolves runs all or nothing.
+		batch = 1
+	}
+	t.faultMu.Lock()
+	defer t.faultMu.Unlock()
+	made := 0
+	for pg := first; pg < first+count; {
+		// Skip what is present already.
+		if e := t.entry(pg); e != nil && Flags(e.flags.Load())&need == need {
+			pg++
+			continue
+		}
+		k := min(first+count-pg, batch)
+		// Stop the batch at the first page already present.
+		for j := uint64(1); j < k; j++ {
+			if e := t.entry(pg + j); e != nil && Flags(e.flags.Load())&need == need {
+				k = j
+				break
+			}
+		}
+		got, err := t.faultBatch(pg, pgs[:k], need, acc, fl)
+		made += got
+		if err != nil {
+			return made, err
+		}
+		pg += k
+	}
+	return made, nil
+}
+
+// Resolvable reports whether a fault of [iova, iova+n) can succeed now:
+// the range is in the region, and every page not yet present with the
+// access is mapped in the host (writable, for a write on a region with
+// LOCAL_WRITE). It makes no system call; the answer may be stale at once.
+// The rnr fault policy asks it before it answers an RNR NAK, so that a
+// fault that can only fail is a remote access error at once, not an RNR
+// NAK retried forever.
+func (t *ODP) Resolvable(iova, n uint64, write bool) bool {
+	first, count, ok := t.pages(iova, n)
+	if !ok || write && !t.writable {
+		return false
+	}
+	need := Present
+	if write {
+		need |= Writable
+	}
+	for pg := first; pg < first+count; pg++ {
+		if e := t.entry(pg); e != nil && Flags(e.flags.Load())&need == need {
+			continue
+		}
+		if !t.as.Mapped(t.base+pg<<PageShift, write) {
+			return false
+		}
+	}
+	return true
+}
+
+// faultBatch resolves and installs len(pgs) pages from page pg.
+func (t *ODP) faultBatch(pg uint64, pgs []hostmem.Page, need Flags, acc hostmem.Access, fl FaultFlags) (int, error) {
+	addr := t.base + pg<<PageShift
+	k := uint64(len(pgs))
+	if fl&FaultPrefetch == 0 {
+		t.stats.faults.Add(int64(k))
+	}
+	// Reserve the budget first: eviction invalidates other pages, and
+	// must not run under mu.
+	if t.budget != nil {
+		t.budget.reserve(int64(k))
+	}
+	reserved := int64(k)
+	defer func() {
+		if t.budget != nil && reserved > 0 {
+			t.budget.unreserve(reserved)
+		}
+	}()
+	if t.implicit {
+		t.growChildren(pg, k)
+	}
+	for {
+		seq := t.sub.ReadBegin()
+		got, err := t.as.ResolveRange(addr, pgs, acc)
+		skip := err != nil && fl&FaultNoPopulate != 0 && errors.Is(err, hostmem.ErrNotResident)
+		if err != nil && got == 0 && !skip {
+			return 0, fmt.Errorf("%w: %#x: %w", ErrFault, addr, err)
+		}
+		t.mu.Lock()
+		if t.sub.ReadRetry(seq) {
+			t.mu.Unlock()
+			continue
+		}
+		if t.released.Load() {
+			t.mu.Unlock()
+			return 0, fmt.Errorf("%w: region deregistered", ErrFault)
+		}
+		made := 0
+		for i := range got {
+			e := t.entry(pg + uint64(i))
+			e.frame.Store((*byte)(pgs[i].NIC))
+			// A CAS, not a store: the budget's clock changes the Accessed
+			// and ring bits without mu.
+			for {
+				f := Flags(e.flags.Load())
+				if f&need == need {
+					break
+				}
+				nf := Present | Accessed | f&inRing
+				if pgs[i].Writable && t.writable {
+					nf |= Writable
+				}
+				enq := t.budget != nil && f&inRing == 0
+				if enq {
+					nf |= inRing
+				}
+				if !e.flags.CompareAndSwap(uint32(f), uint32(nf)) {
+					continue
+				}
+				if f&Present == 0 {
+					made++
+					reserved--
+				}
+				if enq {
+					t.budget.enqueue(t, pg+uint64(i))
+				}
+				break
+			}
+		}
+		t.mu.Unlock()
+		if fl&FaultPrefetch != 0 {
+			t.stats.prefetch.Add(int64(made))
+		} else {
+			t.stats.faultsHandled.Add(int64(made))
+		}
+		switch {
+		case got == len(pgs):
+			return made, nil
+		case skip:
+			// A page the host does not hold: skip it, go on after it.
+			if got+1 == len(pgs) {
+				return made, nil
+			}
+			rest, err := t.faultBatch(pg+uint64(got)+1, pgs[got+1:], need, acc, fl)
+			return made + rest, err
+		}
+		return made, fmt.Errorf("%w: %#x: %w", ErrFault, addr+uint64(got)<<PageShift, err)
+	}
+}
+
+// growChildren allocates the children of an implicit table that
+// [pg, pg+k) needs.
+func (t *ODP) growChildren(pg, k uint64) {
+	for c := pg >> ChildShift; c <= (pg+k-1)>>ChildShift; c++ {
+		if t.children[c].Load() != nil {
+			continue
+		}
+		n := min(t.npages-c<<ChildShift, childPages)
+		t.children[c].CompareAndSwap(nil, &child{e: make([]entry, n)})
+	}
+}
+
+// Invalidate is the table's notifier callback (hostmem.Notifier): it clears
+// the entries of inv.Range and waits for the copies that may have used
+// them.
+func (t *ODP) Invalidate(_ *hostmem.Subscription, inv hostmem.Invalidation) {
+	r := inv.Range.Intersect(hostmem.Range{Start: t.base, End: t.base + t.npages<<PageShift})
+	if r.Len() == 0 {
+		return
+	}
+	t.clear((r.Start-t.base)>>PageShift, r.Len()>>PageShift, false)
+}
+
+// InvalidateRange clears the entries of [iova, iova+n) as an invalidation
+// does (the pages fault in again at their next use) and waits for the
+// copies in flight on them. It returns the pages cleared.
+func (t *ODP) InvalidateRange(iova, n uint64) int {
+	first, count, ok := t.pages(iova, n)
+	if !ok {
+		return 0
+	}
+	return t.clear(first, count, false)
+}
+
+// clear clears the present entries among count pages from first and waits
+// for copies in flight; evict counts them as evictions.
+func (t *ODP) clear(first, count uint64, evict bool) int {
+	t.mu.Lock()
+	n := 0
+	for c := first >> ChildShift; c <= (first+count-1)>>ChildShift; c++ {
+		ch := t.children[c].Load()
+		if ch == nil {
+			continue
+		}
+		lo := max(first, c<<ChildShift) - c<<ChildShift
+		hi := min(first+count, c<<ChildShift+uint64(len(ch.e))) - c<<ChildShift
+		for i := lo; i < hi; i++ {
+			e := &ch.e[i]
+			for {
+				f := Flags(e.flags.Load())
+				if f&Present == 0 {
+					break
+				}
+				if e.flags.CompareAndSwap(uint32(f), uint32(f&inRing)) {
+					n++
+					break
+				}
+			}
+		}
+	}
+	t.mu.Unlock()
+	if n == 0 {
+		return 0
+	}
+	t.stats.invals.Add(int64(n))
+	if evict {
+		t.stats.evictions.Add(int64(n))
+	}
+	t.waitCopies()
+	if t.budget != nil {
+		t.budget.release(int64(n))
+	}
+	t.stats.invalsHandled.Add(int64(n))
+	return n
+}
+
+// waitCopies waits until every copy that started before it was called has
+// finished: it flips the epoch, then waits for the old epoch's counter.
+// Copies are per packet (at most a few KiB), so it spins.
+func (t *ODP) waitCopies() {
+	t.flipMu.Lock()
+	old := t.epoch.Add(1) - 1
+	for spins := 0; t.active[old&1].n.Load() != 0; spins++ {
+		if spins > 64 {
+			runtime.Gosched()
+		}
+	}
+	t.flipMu.Unlock()
+}
+
+// Present returns the pages present now.
+func (t *ODP) Present() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := 0
+	for c := range t.children {
+		ch := t.children[c].Load()
+		if ch == nil {
+			continue
+		}
+		for i := range ch.e {
+			if Flags(ch.e[i].flags.Load())&Present != 0 {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// Release unsubscribes the table and clears every entry, returning its
+// pages to the budget. The caller must make sure no copy will start
+// (placement invalidates the region's key and waits first). Errors: a
+// second Release.
+func (t *ODP) Release() error {
+	if !t.released.CompareAndSwap(false, true) {
+		return errors.New("pagetable: table released twice")
+	}
+	t.sub.Unsubscribe()
+	t.mu.Lock()
+	n := 0
+	for c := range t.children {
+		ch := t.children[c].Load()
+		if ch == nil {
+			continue
+		}
+		for i := range ch.e {
+			if Flags(ch.e[i].flags.Load())&Present != 0 {
+				n++
+			}
+			ch.e[i].flags.Store(0)
+		}
+	}
+	t.mu.Unlock()
+	t.waitCopies()
+	if t.budget != nil {
+		t.budget.release(int64(n))
+		t.budget.forget(t)
+	}
+	return nil
+}
