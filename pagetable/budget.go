@@ -26,8 +26,9 @@ type Budget struct {
 	evictions atomic.Int64
 
 	mu   sync.Mutex
-	ring []pageRef // clock: pages in fault order (entries may be stale)
-	hand int
+	ring []pageRef // clock: pages in fault order; t nil: dropped
+	hand int       // next reference the clock looks at
+	dead int       // dropped references in ring
 	// evictMu serializes reservations that may evict, so that two faults
 	// over the budget do not both evict for the same shortfall and the
 	// pages present never exceed the limit.
@@ -100,21 +101,13 @@ func (b *Budget) enqueue(t *ODP, pg uint64) {
 func (b *Budget) forget(t *ODP) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	out := b.ring[:0]
-	for i, r := range b.ring {
-		if r.t == t {
-			if i < b.hand {
-				b.hand--
-			}
-			continue
+	for i := range b.ring {
+		if b.ring[i].t == t {
+			b.ring[i].t = nil
+			b.dead++
 		}
-		out = append(out, r)
 	}
-	clear(b.ring[len(out):])
-	b.ring = out
-	if b.hand >= len(b.ring) {
-		b.hand = 0
-	}
+	b.compact()
 }
 
 // evictLocked clears at least want pages (fewer if not enough are
@@ -134,43 +127,63 @@ func (b *Budget) evictLocked(want int64) {
 	}
 }
 
-// pick chooses want victims with the clock and removes them from the
-// ring. Stale references (pages no longer present) are dropped as the
-// hand passes them.
+// pick chooses want victims with the clock and takes them off the ring.
+// The hand sweeps the pages in the order they were faulted in: a page
+// whose Accessed bit is set loses the bit and is passed over; the first
+// page without it is a victim. References to pages no longer present
+// (invalidated since) are dropped as the hand passes them.
 func (b *Budget) pick(want int64) []pageRef {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	var victims []pageRef
-	// Two full turns at most: the first clears Accessed bits.
-	for turns := 2 * len(b.ring); turns > 0 && int64(len(victims)) < want && len(b.ring) > 0; turns-- {
+	// Two full turns at most: the first may only clear Accessed bits.
+	for turns := 2 * len(b.ring); turns > 0 && int64(len(victims)) < want; turns-- {
 		if b.hand >= len(b.ring) {
 			b.hand = 0
 		}
-		r := b.ring[b.hand]
+		r := &b.ring[b.hand]
+		b.hand++
+		if r.t == nil {
+			continue
+		}
 		e := r.t.entry(r.pg)
 		f := Flags(e.flags.Load())
 		switch {
 		case f&Present == 0:
-			// Stale: invalidated since. Drop it from the ring.
 			e.flags.And(^uint32(inRing))
-			b.remove(b.hand)
+			r.t = nil
+			b.dead++
 		case f&Accessed != 0:
 			e.flags.And(^uint32(Accessed))
-			b.hand++
 		default:
-			victims = append(victims, r)
+			victims = append(victims, *r)
 			e.flags.And(^uint32(inRing))
-			b.remove(b.hand)
+			r.t = nil
+			b.dead++
 		}
 	}
+	b.compact()
 	return victims
 }
 
-// remove deletes ring[i] by moving the last reference into its place (the
-// clock's order is approximate anyway).
-func (b *Budget) remove(i int) {
-	last := len(b.ring) - 1
-	b.ring[i] = b.ring[last]
-	b.ring[last] = pageRef{}
-	b.ring = b.ring[:last]
+// compact removes the dropped references once they are half the ring,
+// keeping the order and the hand's place. Called with mu.
+func (b *Budget) compact() {
+	if b.dead == 0 || b.dead < len(b.ring)/2 {
+		return
+	}
+	out, hand := b.ring[:0], 0
+	for i, r := range b.ring {
+		if i == b.hand {
+			hand = len(out)
+		}
+		if r.t != nil {
+			out = append(out, r)
+		}
+	}
+	if b.hand >= len(b.ring) {
+		hand = len(out)
+	}
+	clear(b.ring[len(out):])
+	b.ring, b.hand, b.dead = out, hand, 0
 }

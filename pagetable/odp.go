@@ -631,6 +631,16 @@ func (t *ODP) waitCopies() {
 	t.flipMu.Unlock()
 }
 
+// PresentAt reports whether the page holding iova is present.
+func (t *ODP) PresentAt(iova uint64) bool {
+	first, _, ok := t.pages(iova, 1)
+	if !ok {
+		return false
+	}
+	e := t.entry(first)
+	return e != nil && Flags(e.flags.Load())&Present != 0
+}
+
 // Present returns the pages present now.
 func (t *ODP) Present() int {
 	t.mu.Lock()

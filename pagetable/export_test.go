@@ -1,0 +1,4 @@
+package pagetable
+
+// RaceEnabled exports raceEnabled to the external tests.
+const RaceEnabled = raceEnabled
