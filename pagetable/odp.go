@@ -618,14 +618,19 @@ func (t *ODP) clear(first, count uint64, evict bool) int {
 }
 
 // waitCopies waits until every copy that started before it was called has
-// finished: it flips the epoch, then waits for the old epoch's counter.
-// Copies are per packet (at most a few KiB), so it spins.
+// finished. It flips the epoch and waits for the old epoch's counter, twice
+// (as SRCU's grace period does): a copy that read the epoch just before a
+// flip may count itself in the old epoch's counter after the first wait
+// found it zero, but it is then counted in the counter the second wait
+// drains. Copies are per packet (at most a few KiB), so it spins.
 func (t *ODP) waitCopies() {
 	t.flipMu.Lock()
-	old := t.epoch.Add(1) - 1
-	for spins := 0; t.active[old&1].n.Load() != 0; spins++ {
-		if spins > 64 {
-			runtime.Gosched()
+	for range 2 {
+		old := t.epoch.Add(1) - 1
+		for spins := 0; t.active[old&1].n.Load() != 0; spins++ {
+			if spins > 64 {
+				runtime.Gosched()
+			}
 		}
 	}
 	t.flipMu.Unlock()

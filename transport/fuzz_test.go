@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/softrdma/softrdma/hostmem"
 	"github.com/softrdma/softrdma/transport/wire"
 )
 
@@ -18,8 +19,17 @@ import (
 // patched to hit the QP near its expected PSN, so the fuzzer reaches deep
 // states. Invariants: no panic, no byte written outside the MR, and every
 // packet is accounted for (received or dropped with a reason).
-func FuzzResponder(f *testing.F) {
-	r := newResponderRig(f)
+func FuzzResponder(f *testing.F) { fuzzResponder(f, newResponderRig(f)) }
+
+// FuzzResponderODP is FuzzResponder with the MR on demand-paged host memory
+// and the rnr fault policy; a record whose flags byte has bit 1 set also
+// migrates the MR's pages before the packet (an invalidation racing the
+// message in progress), and bit 2 drops the table's entries. The
+// invariants are the same: no panic, no byte outside the MR, every packet
+// accounted for.
+func FuzzResponderODP(f *testing.F) { fuzzResponder(f, newRig(f, true, FaultRNR)) }
+
+func fuzzResponder(f *testing.F, r *responderRig) {
 	seed := func(pkts ...[]byte) []byte {
 		var out []byte
 		for _, p := range pkts {
@@ -67,7 +77,13 @@ func FuzzResponder(f *testing.F) {
 	if len(files) == 0 {
 		f.Fatal("no seed corpus in wire/testdata/fuzz/FuzzParse")
 	}
-	f.Fuzz(func(t *testing.T, in []byte) {
+	f.Fuzz(func(t *testing.T, in []byte) { r.fuzzOne(t, in) })
+}
+
+// fuzzOne runs one fuzz input through the rig.
+func (r *responderRig) fuzzOne(t testing.TB, in []byte) {
+	base := r.mr.Addr()
+	{
 		if r.qp.State() != QPStateRTS {
 			r.connect(t)
 		}
@@ -83,6 +99,14 @@ func FuzzResponder(f *testing.F) {
 			}
 			p := append([]byte(nil), in[:n]...)
 			in = in[n:]
+			if r.as != nil && len(p) > 0 && p[len(p)-1]&2 != 0 {
+				if m, err := r.as.Migrate(r.mr.Addr()&^(hostmem.PageSize-1), rigMR/hostmem.PageSize); err == nil {
+					m.Release()
+				}
+			}
+			if r.as != nil && len(p) > 0 && p[len(p)-1]&4 != 0 {
+				r.mr.ODPTable().InvalidateRange(r.mr.Addr(), rigMR)
+			}
 			if len(p) >= wire.BTHSize && p[len(p)-1]&1 == 1 {
 				wire.BTH(p).SetDestQP(r.qp.QPN())
 				wire.BTH(p).SetPSN(r.qp.resp.ePSN.Add(uint32(p[len(p)-1] >> 6)))
@@ -107,7 +131,7 @@ func FuzzResponder(f *testing.F) {
 				break
 			}
 		}
-	})
+	}
 }
 
 func dropTotal(c *Counters) uint64 {

@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"github.com/softrdma/softrdma/hostmem"
 	"net/netip"
 	"testing"
 	"time"
@@ -30,6 +31,7 @@ type responderRig struct {
 	pkt    wire.Packet
 	ePSN   wire.PSN
 	peerQP wire.QPN
+	as     *hostmem.AddressSpace // the ODP rig's host memory
 }
 
 const (
@@ -38,22 +40,42 @@ const (
 	rigMTU   = 1024
 )
 
-func newResponderRig(t testing.TB) *responderRig {
+func newResponderRig(t testing.TB) *responderRig { return newRig(t, false, FaultSync) }
+
+// newRig builds the rig; with odp its MR is an ODP MR on a host address
+// space (guard pages around it), and policy is the device's fault policy.
+func newRig(t testing.TB, odp bool, policy FaultPolicy) *responderRig {
 	a, b := conn.NewPipe()
-	e := placement.New(placement.Config{})
-	d, err := NewDevice(Config{Conn: b, Placement: e})
+	var as *hostmem.AddressSpace
+	if odp {
+		var err error
+		as, err = hostmem.NewAddressSpace(hostmem.Config{Size: 16 << 20})
+		require.NoError(t, err)
+	}
+	e := placement.New(placement.Config{AddressSpace: as})
+	d, err := NewDevice(Config{Conn: b, Placement: e, FaultPolicy: policy})
 	require.NoError(t, err)
 	t.Cleanup(func() { d.Close(); a.Close() })
-	r := &responderRig{t: t, d: d, peer: a, from: a.LocalAddr(), place: e, peerQP: 0x99, ePSN: 1000}
+	r := &responderRig{t: t, d: d, peer: a, from: a.LocalAddr(), place: e, peerQP: 0x99, ePSN: 1000, as: as}
 	r.cq = NewCQ(1 << 12)
 	r.qp, err = d.CreateQP(1, &QPInitAttr{SendCQ: r.cq, RecvCQ: r.cq, Type: QPTypeRC,
 		Cap: Cap{MaxSendWR: 16, MaxRecvWR: 64, MaxSendSGE: 2, MaxRecvSGE: 2}})
 	require.NoError(t, err)
-	r.mem = make([]byte, rigGuard+rigMR+rigGuard)
+	if odp {
+		r.mem, err = as.Alloc(rigGuard + rigMR + rigGuard)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = as.Free(hostmem.AddrOf(r.mem), len(r.mem)); _ = as.Close() })
+	} else {
+		r.mem = make([]byte, rigGuard+rigMR+rigGuard)
+	}
 	for i := range r.mem {
 		r.mem[i] = 0xA5
 	}
-	r.mr, err = e.RegMR(1, r.mem[rigGuard:rigGuard+rigMR], stag.AccessLocalWrite|stag.AccessRemoteWrite|stag.AccessRemoteRead|stag.AccessRemoteAtomic)
+	access := stag.AccessLocalWrite | stag.AccessRemoteWrite | stag.AccessRemoteRead | stag.AccessRemoteAtomic
+	if odp {
+		access |= stag.AccessOnDemand
+	}
+	r.mr, err = e.RegMR(1, r.mem[rigGuard:rigGuard+rigMR], access)
 	require.NoError(t, err)
 	t.Cleanup(func() { e.DeregMR(r.mr) })
 	r.connect(t)
