@@ -5,11 +5,12 @@
 // mmu_interval_notifier: read_begin / read_retry). The copy loops walk the
 // table page by page and never assume that frames are contiguous.
 //
-// Only pinned tables exist so far: every entry is present from
-// registration to release and never changes. Demand paging (entries that
-// start not present, a fault handler, invalidation, eviction under a pin
-// budget) and remapping (dirty bits, switching frames) build on the same
-// entries and sequence count; see docs/memory.md.
+// Two kinds of table share the entry format: Table, a pinned region, whose
+// entries are present from registration to release; and ODP, an on-demand
+// region (explicit or implicit), whose entries start not present and are
+// filled by Fault and cleared by invalidation and by the Budget's eviction
+// (see odp.go and docs/odp.md). Remapping (dirty bits, switching frames)
+// builds on the same entries and sequence count; see docs/memory.md.
 package pagetable
 
 import (
