@@ -374,3 +374,83 @@ func TestGoldenCapturesHeaders(t *testing.T) {
 	}, hits)
 	require.Greater(t, hits["captures/rnr_nak RNR NAK"], 100, "~120 RNR NAKs")
 }
+
+// pingpongSide is one side of an ibv_*_pingpong run as its log in INDEX.md
+// reports it: "local address:  LID 0x0000, QPN 0x000011, PSN 0x890bb9, GID
+// ::ffff:192.168.77.10".
+type pingpongSide struct {
+	qpn wire.QPN
+	psn wire.PSN
+}
+
+var localAddressRE = regexp.MustCompile(`local address:\s+LID 0x[0-9a-f]+, QPN (0x[0-9a-f]+), PSN (0x[0-9a-f]+)[,:] GID ::ffff:([0-9.]+)`)
+
+// pingpongSides returns, by IP, the QPN and first PSN each side of capture
+// name printed, from the capture's section of INDEX.md.
+func pingpongSides(t *testing.T, set, name string) map[netip.Addr]pingpongSide {
+	data, err := os.ReadFile(filepath.Join(testbedDir, set, "INDEX.md"))
+	require.NoError(t, err)
+	_, section, ok := strings.Cut(string(data), "\n## "+name+"\n")
+	require.True(t, ok, "%s: no section %s in INDEX.md", set, name)
+	section, _, _ = strings.Cut(section, "\n## ")
+	sides := map[netip.Addr]pingpongSide{}
+	for _, m := range localAddressRE.FindAllStringSubmatch(section, -1) {
+		qpn, err := strconv.ParseUint(m[1], 0, 32)
+		require.NoError(t, err)
+		psn, err := strconv.ParseUint(m[2], 0, 32)
+		require.NoError(t, err)
+		sides[netip.MustParseAddr(m[3])] = pingpongSide{wire.QPN(qpn), wire.PSN(psn)}
+	}
+	require.Len(t, sides, 2, "%s/%s: server and client", set, name)
+	return sides
+}
+
+// UC and UD as ibv_uc_pingpong and ibv_ud_pingpong sent them: each side's
+// packets start at the PSN its log printed and count up by one, go to the
+// QPN the peer printed, and have the shape of the command line (-s 4096 at
+// MTU 1024: FIRST, MIDDLE, MIDDLE, LAST of 1 KiB each; -s 512: one UD
+// SEND_ONLY of 512 bytes whose DETH carries the sender's QPN and the
+// pingpong's Q_Key 0x11111111).
+func TestGoldenCapturesUCUD(t *testing.T) {
+	pkts := goldenPackets(t)
+	for _, set := range captureSets {
+		for _, name := range []string{"uc_pingpong", "ud_pingpong"} {
+			sides := pingpongSides(t, set, name)
+			next := map[netip.Addr]wire.PSN{}
+			n := 0
+			var p wire.Packet
+			for _, g := range pkts {
+				if g.capture != set+"/"+name {
+					continue
+				}
+				require.NoError(t, wire.Parse(g.roce, &p))
+				from, ok := sides[g.ip.Src]
+				require.True(t, ok, "%s frame %d from %v", g.capture, g.frame, g.ip.Src)
+				to := sides[g.ip.Dst]
+				want, seen := next[g.ip.Src]
+				if !seen {
+					want = from.psn
+				}
+				require.Equalf(t, want, p.PSN(), "%s frame %d", g.capture, g.frame)
+				next[g.ip.Src] = p.PSN().Add(1)
+				require.Equal(t, to.qpn, p.BTH().DestQP())
+				require.False(t, p.BTH().AckReq(), "no acknowledgements on UC and UD (tshark: A=0)")
+				if name == "uc_pingpong" {
+					// Message k of a side starts at PSN first+4k.
+					k := from.psn.Distance(p.PSN()) % 4
+					require.Equal(t, []wire.Opcode{wire.OpUC | wire.OpSendFirst, wire.OpUC | wire.OpSendMiddle,
+						wire.OpUC | wire.OpSendMiddle, wire.OpUC | wire.OpSendLast}[k], p.Opcode(), "%s frame %d", g.capture, g.frame)
+					require.Len(t, p.Payload, 1024)
+				} else {
+					require.Equal(t, wire.OpUDSendOnly, p.Opcode())
+					require.Len(t, p.Payload, 512)
+					require.Equal(t, uint32(0x11111111), p.DETH().QKey())
+					require.Equal(t, from.qpn, p.DETH().SrcQP())
+				}
+				n++
+			}
+			require.Equal(t, map[string]int{"uc_pingpong": 40, "ud_pingpong": 10}[name], n, "%s/%s (INDEX.md)", set, name)
+			require.Len(t, next, 2, "both sides sent")
+		}
+	}
+}

@@ -227,5 +227,5 @@ func decodeBTH(data []byte, p gopacket.PacketBuilder) error {
 	if !wire.Info(b.Opcode).Valid() {
 		return p.NextDecoder(gopacket.LayerTypePayload)
 	}
-	return p.NextDecoder(nextDecoder(b.Opcode, wire.HdrBTH))
+	return p.NextDecoder(nextDecoder(b.Opcode, wire.HdrBTH, b.DestQP))
 }

@@ -5,6 +5,7 @@ import (
 	golayers "github.com/gopacket/gopacket/layers"
 
 	"github.com/softrdma/softrdma/transport/wire"
+	"github.com/softrdma/softrdma/transport/wire/mad"
 )
 
 // The extension header layers. Each records the packet's BTH opcode in
@@ -26,6 +27,9 @@ import (
 type DETH struct {
 	golayers.BaseLayer
 	Opcode wire.Opcode // the packet's BTH opcode: selects the next header
+	// DestQP is the packet's BTH DestQP: the payload of a UD_SEND_ONLY to
+	// QP1 (mad.GSIQPN) is a MAD. Set like Opcode.
+	DestQP wire.QPN
 	QKey   uint32
 	SrcQP  wire.QPN
 	bth    *BTH
@@ -37,9 +41,21 @@ func (d *DETH) LayerType() gopacket.LayerType { return LayerTypeDETH }
 // CanDecode returns LayerTypeDETH.
 func (d *DETH) CanDecode() gopacket.LayerClass { return LayerTypeDETH }
 
-// NextLayerType returns ImmDt for UD_SEND_ONLY_WITH_IMMEDIATE, else payload.
+// NextLayerType returns ImmDt for UD_SEND_ONLY_WITH_IMMEDIATE, MAD for a
+// UD_SEND_ONLY to QP1 carrying one (see carriesMAD), else payload.
 func (d *DETH) NextLayerType() gopacket.LayerType {
+	if d.carriesMAD() {
+		return LayerTypeMAD
+	}
 	return nextLayerType(d.Opcode, wire.HdrDETH, d.Payload)
+}
+
+// carriesMAD reports whether the DETH's payload is a MAD: a UD_SEND_ONLY
+// to the GSI (QP1) with exactly mad.Size bytes of payload that start with
+// MAD base version 1. Q_Key checks are the receiver's business.
+func (d *DETH) carriesMAD() bool {
+	return d.Opcode == wire.OpUDSendOnly && d.DestQP == mad.GSIQPN &&
+		len(d.Payload) == mad.Size && d.Payload[0] == mad.BaseVersion
 }
 
 func (d *DETH) setOpcode(op wire.Opcode) { d.Opcode = op }
@@ -53,7 +69,7 @@ func (d *DETH) DecodeFromBytes(data []byte, df gopacket.DecodeFeedback) error {
 	d.QKey, d.SrcQP = v.QKey(), v.SrcQP()
 	d.BaseLayer = golayers.BaseLayer{Contents: data[:wire.DETHSize], Payload: data[wire.DETHSize:]}
 	if d.bth != nil {
-		d.Opcode = d.bth.Opcode
+		d.Opcode, d.DestQP = d.bth.Opcode, d.bth.DestQP
 	}
 	return nil
 }

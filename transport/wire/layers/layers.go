@@ -1,16 +1,20 @@
 // Package layers provides gopacket layer types for the RoCEv2 transport
 // headers (IBTA Vol. 1 chapter 9, Annex A17): BTH, DETH, RETH, AtomicETH,
-// AETH, AtomicAckETH, ImmDt and IETH, decoded from UDP port 4791.
+// AETH, AtomicAckETH, ImmDt and IETH, decoded from UDP port 4791; and for
+// the management datagrams a UD SEND to QP1 carries (package mad): MAD,
+// CM (the communication manager's messages, IBTA chapter 12) and IPCM (the
+// RDMA CM IP private data of a REQ, IBTA Annex A11).
 //
-// The layers are thin adapters over package wire: decoding goes through
-// wire.Parse and the wire header views, the header chain comes from the
-// wire opcode table, and serializing uses the views' Encode methods. There
-// is no second codec here.
+// The layers are thin adapters over packages wire and mad: decoding goes
+// through wire.Parse, mad.Parse and their views, the header chain comes
+// from the wire opcode table, and serializing uses the views' Encode
+// methods. There is no second codec here.
 //
 // Nothing is registered with gopacket at init time. Call Register once
 // before decoding with gopacket.NewPacket or a DecodingLayerParser that
 // starts below UDP; it names the layer types and maps UDP port 4791 to
-// LayerTypeBTH.
+// LayerTypeBTH. The DETH of a UD_SEND_ONLY to QP1 whose 256-byte payload
+// starts with MAD base version 1 is followed by LayerTypeMAD.
 package layers
 
 import (
@@ -38,6 +42,9 @@ const (
 	LayerTypeAtomicAckETH gopacket.LayerType = 1796
 	LayerTypeImmDt        gopacket.LayerType = 1797
 	LayerTypeIETH         gopacket.LayerType = 1798
+	LayerTypeMAD          gopacket.LayerType = 1799
+	LayerTypeCM           gopacket.LayerType = 1800
+	LayerTypeIPCM         gopacket.LayerType = 1801
 )
 
 // layerTypeOf maps each extension header to its layer type.
@@ -83,13 +90,16 @@ func Register() {
 			dec  gopacket.Decoder
 		}{
 			{LayerTypeBTH, "BTH", gopacket.DecodeFunc(decodeBTH)},
-			{LayerTypeDETH, "DETH", extDecoder{wire.HdrDETH, standaloneOpcode[wire.HdrDETH]}},
-			{LayerTypeRETH, "RETH", extDecoder{wire.HdrRETH, standaloneOpcode[wire.HdrRETH]}},
-			{LayerTypeAtomicETH, "AtomicETH", extDecoder{wire.HdrAtomicETH, standaloneOpcode[wire.HdrAtomicETH]}},
-			{LayerTypeAETH, "AETH", extDecoder{wire.HdrAETH, standaloneOpcode[wire.HdrAETH]}},
-			{LayerTypeAtomicAckETH, "AtomicAckETH", extDecoder{wire.HdrAtomicAckETH, standaloneOpcode[wire.HdrAtomicAckETH]}},
-			{LayerTypeImmDt, "ImmDt", extDecoder{wire.HdrImmDt, standaloneOpcode[wire.HdrImmDt]}},
-			{LayerTypeIETH, "IETH", extDecoder{wire.HdrIETH, standaloneOpcode[wire.HdrIETH]}},
+			{LayerTypeDETH, "DETH", extDecoder{wire.HdrDETH, standaloneOpcode[wire.HdrDETH], 0}},
+			{LayerTypeRETH, "RETH", extDecoder{wire.HdrRETH, standaloneOpcode[wire.HdrRETH], 0}},
+			{LayerTypeAtomicETH, "AtomicETH", extDecoder{wire.HdrAtomicETH, standaloneOpcode[wire.HdrAtomicETH], 0}},
+			{LayerTypeAETH, "AETH", extDecoder{wire.HdrAETH, standaloneOpcode[wire.HdrAETH], 0}},
+			{LayerTypeAtomicAckETH, "AtomicAckETH", extDecoder{wire.HdrAtomicAckETH, standaloneOpcode[wire.HdrAtomicAckETH], 0}},
+			{LayerTypeImmDt, "ImmDt", extDecoder{wire.HdrImmDt, standaloneOpcode[wire.HdrImmDt], 0}},
+			{LayerTypeIETH, "IETH", extDecoder{wire.HdrIETH, standaloneOpcode[wire.HdrIETH], 0}},
+			{LayerTypeMAD, "MAD", gopacket.DecodeFunc(decodeMAD)},
+			{LayerTypeCM, "CM", gopacket.DecodeFunc(decodeCMStandalone)},
+			{LayerTypeIPCM, "IPCM", gopacket.DecodeFunc(decodeIPCM)},
 		} {
 			gopacket.RegisterLayerType(int(m.t), gopacket.LayerTypeMetadata{Name: m.name, Decoder: m.dec})
 		}
@@ -123,18 +133,21 @@ func nextLayerType(op wire.Opcode, after wire.Header, rest []byte) gopacket.Laye
 }
 
 // nextDecoder is nextLayerType for gopacket.NewPacket: the extension
-// header decoders need the opcode, so they are handed it directly.
-func nextDecoder(op wire.Opcode, after wire.Header) gopacket.Decoder {
+// header decoders need the opcode (and the DETH the destination QP), so
+// they are handed them directly.
+func nextDecoder(op wire.Opcode, after wire.Header, qp wire.QPN) gopacket.Decoder {
 	if h := nextHeader(op, after); h != wire.HdrPayload {
-		return extDecoder{h, op}
+		return extDecoder{h, op, qp}
 	}
 	return gopacket.LayerTypePayload
 }
 
-// extDecoder decodes extension header h of a packet with opcode op.
+// extDecoder decodes extension header h of a packet with opcode op sent
+// to QP qp.
 type extDecoder struct {
 	h  wire.Header
 	op wire.Opcode
+	qp wire.QPN
 }
 
 // Decode implements gopacket.Decoder.
@@ -163,7 +176,13 @@ func (d extDecoder) Decode(data []byte, p gopacket.PacketBuilder) error {
 	}
 	l.setOpcode(d.op)
 	p.AddLayer(l)
-	return p.NextDecoder(nextDecoder(d.op, d.h))
+	if deth, ok := l.(*DETH); ok {
+		deth.DestQP = d.qp
+		if deth.carriesMAD() {
+			return p.NextDecoder(LayerTypeMAD)
+		}
+	}
+	return p.NextDecoder(nextDecoder(d.op, d.h, d.qp))
 }
 
 // extLayer is implemented by the extension header layers.
@@ -188,6 +207,7 @@ type extLayer interface {
 //	err := parser.DecodeLayers(frame, &decoded)
 //	// roce.BTH.Packet() is the wire.Packet the engine would see.
 //
+// The CM layer is linked to the MAD layer, which gives it the attribute.
 // Not safe for concurrent use; keep one per goroutine.
 type DecodingLayers struct {
 	BTH          BTH
@@ -198,6 +218,9 @@ type DecodingLayers struct {
 	AtomicAckETH AtomicAckETH
 	ImmDt        ImmDt
 	IETH         IETH
+	MAD          MAD
+	CM           CM
+	IPCM         IPCM
 	Payload      gopacket.Payload
 }
 
@@ -211,13 +234,15 @@ func NewDecodingLayers() *DecodingLayers {
 	d.AtomicAckETH.bth = &d.BTH
 	d.ImmDt.bth = &d.BTH
 	d.IETH.bth = &d.BTH
+	d.CM.mad = &d.MAD
 	return d
 }
 
 // Layers returns the layers to add to a gopacket.DecodingLayerParser.
 func (d *DecodingLayers) Layers() []gopacket.DecodingLayer {
 	return []gopacket.DecodingLayer{
-		&d.BTH, &d.DETH, &d.RETH, &d.AtomicETH, &d.AETH, &d.AtomicAckETH, &d.ImmDt, &d.IETH, &d.Payload,
+		&d.BTH, &d.DETH, &d.RETH, &d.AtomicETH, &d.AETH, &d.AtomicAckETH, &d.ImmDt, &d.IETH,
+		&d.MAD, &d.CM, &d.IPCM, &d.Payload,
 	}
 }
 

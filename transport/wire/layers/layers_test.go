@@ -17,6 +17,7 @@ import (
 
 	"github.com/softrdma/softrdma/transport/wire"
 	"github.com/softrdma/softrdma/transport/wire/layers"
+	"github.com/softrdma/softrdma/transport/wire/mad"
 )
 
 // testbedDir is shared/rxe-testbed relative to this package (the repo sits
@@ -128,12 +129,26 @@ func TestDecodeGoldenCaptures(t *testing.T) {
 				want = append(want, hl.lt)
 			}
 		}
-		if len(wp.Payload) > 0 {
+		switch m, _ := p.Layer(layers.LayerTypeMAD).(*layers.MAD); {
+		case m != nil:
+			// A MAD to QP1: header, CM message, IP CM header (REQ), and the
+			// private data as payload. All of it is the UD payload.
+			want = append(want, layers.LayerTypeMAD, layers.LayerTypeCM)
+			if m.AttributeID == mad.AttrREQ {
+				want = append(want, layers.LayerTypeIPCM)
+			}
+			want = append(want, gopacket.LayerTypePayload)
+			require.Equal(t, wp.Payload, append(m.LayerContents(), m.LayerPayload()...))
+		case len(wp.Payload) > 0:
 			want = append(want, gopacket.LayerTypePayload)
 			require.Equal(t, wp.Payload, p.ApplicationLayer().Payload())
 		}
 		require.Equalf(t, want, layerTypes(p), "%s frame %d (%s)", f.capture, f.n, bth.Opcode)
-		seen[bth.Opcode.String()] = want[3:]
+		key := bth.Opcode.String()
+		if m, ok := p.Layer(layers.LayerTypeMAD).(*layers.MAD); ok {
+			key += " " + m.AttributeID.String()
+		}
+		seen[key] = want[3:]
 
 		// Fields agree with the wire views; the ICRC is the trailer.
 		require.Equal(t, wp.Opcode(), bth.Opcode)
@@ -180,6 +195,8 @@ func TestDecodeGoldenCaptures(t *testing.T) {
 		"RC_ATOMIC_ACKNOWLEDGE":             {layers.LayerTypeBTH, layers.LayerTypeAETH, layers.LayerTypeAtomicAckETH},
 		"RC_SEND_ONLY_WITH_IMMEDIATE":       {layers.LayerTypeBTH, layers.LayerTypeImmDt, pay},
 		"UD_SEND_ONLY":                      {layers.LayerTypeBTH, layers.LayerTypeDETH, pay},
+		"UD_SEND_ONLY REQ":                  {layers.LayerTypeBTH, layers.LayerTypeDETH, layers.LayerTypeMAD, layers.LayerTypeCM, layers.LayerTypeIPCM, pay},
+		"UD_SEND_ONLY DREP":                 {layers.LayerTypeBTH, layers.LayerTypeDETH, layers.LayerTypeMAD, layers.LayerTypeCM, pay},
 		"UC_SEND_FIRST":                     {layers.LayerTypeBTH, pay},
 	} {
 		require.Equal(t, want, seen[op], op)
