@@ -125,3 +125,83 @@ func (fp *FramePin) release() error {
 	fp.as.frames.unpin(fp.as, fp.frames)
 	return errors.Join(errs...)
 }
+
+// PrepareMigrate prepares the migration of the pinned range itself, for
+// the pin's owner (the remap of a pinned memory region): as
+// AddressSpace.PrepareMigrate, except that the frames may be pinned, by
+// this pin only (ErrPinned if another pin holds one, or if a page no
+// longer has the pinned frame). When the migration commits, the pin moves
+// with the pages: the new frames are locked and referenced, the old ones
+// unlocked and dropped, and Frames returns the new frames; the bytes
+// charged do not change. The caller must keep its own users of the old
+// frames away until Commit returns (the remap's critical section).
+func (fp *FramePin) PrepareMigrate() (*Migration, error) {
+	if fp.done.Load() {
+		return nil, errors.New("hostmem: migrate of a released pin")
+	}
+	s := fp.as
+	m := &Migration{Addr: fp.addr, Old: make([]Frame, len(fp.frames)), New: make([]Frame, len(fp.frames)), as: s, pin: fp}
+	p, _, err := s.checkRange("migrate", fp.addr, len(fp.frames)<<PageShift)
+	if err != nil {
+		return nil, err
+	}
+	m.p = p
+	if err := s.prepareMigrate(m); err != nil {
+		return nil, err
+	}
+	var perr error
+	forFrameRuns(m.New, func(f Frame, k int) {
+		if perr == nil {
+			perr = populate(s.frameRun(f, k), uintptr(s.FramePointer(f)), uintptr(k), true)
+		}
+	})
+	if perr != nil {
+		s.frames.release(s, m.New)
+		return nil, fmt.Errorf("hostmem: migrate pinned %#x: %w", fp.addr, perr)
+	}
+	return m, nil
+}
+
+// lockNew references and locks the new frames of a pinned migration,
+// before the switch. Called under mu by Commit. On failure nothing is held.
+func (fp *FramePin) lockNew(new []Frame) ([]frameRun, error) {
+	s := fp.as
+	s.frames.pin(new)
+	var locked []frameRun
+	var lerr error
+	forFrameRuns(new, func(f Frame, k int) {
+		if lerr != nil {
+			return
+		}
+		if lerr = lockPages(uintptr(s.FramePointer(f)), uintptr(k)); lerr == nil {
+			locked = append(locked, frameRun{f, k})
+		}
+	})
+	if lerr != nil {
+		fp.unlockRuns(locked)
+		s.frames.unpin(s, new)
+		return nil, lerr
+	}
+	return locked, nil
+}
+
+func (fp *FramePin) unlockRuns(runs []frameRun) error {
+	var errs []error
+	for _, r := range runs {
+		errs = append(errs, unlockPages(uintptr(fp.as.FramePointer(r.f)), uintptr(r.n)))
+	}
+	return errors.Join(errs...)
+}
+
+// moveTo makes the pin hold the new frames (locked by lockNew) and drops
+// the old ones, after the switch.
+func (fp *FramePin) moveTo(old, new []Frame, locked []frameRun) error {
+	err := fp.unlockRuns(fp.locked)
+	fp.locked = locked
+	fp.frames = append(fp.frames[:0], new...)
+	fp.as.frames.unpin(fp.as, old)
+	return err
+}
+
+// AddressSpace returns the address space the pin belongs to.
+func (fp *FramePin) AddressSpace() *AddressSpace { return fp.as }

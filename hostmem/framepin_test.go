@@ -131,3 +131,49 @@ func TestFramePinRlimit(t *testing.T) {
 		strconv.Itoa(int(rl.Cur))+" bytes, "), err.Error())
 	require.Zero(t, acct.Pinned())
 }
+
+// TestFramePinMigrate: a pin's owner migrates its pinned range; the pin
+// moves to the new frames, the application sees its bytes, the old frames
+// are unpinned; a second pin on the range forbids it.
+func TestFramePinMigrate(t *testing.T) {
+	s := newSpace(t, 64<<20)
+	acct := NewPinAccount(1 << 30)
+	b, err := s.Alloc(4 * PageSize)
+	require.NoError(t, err)
+	for i := range b {
+		b[i] = byte(i * 7)
+	}
+	want := append([]byte(nil), b...)
+	addr := AddrOf(b)
+	fp, err := s.Pin(acct, addr, len(b), true)
+	require.NoError(t, err)
+	old := append([]Frame(nil), fp.Frames()...)
+
+	m, err := fp.PrepareMigrate()
+	require.NoError(t, err)
+	for i := range m.Pages() {
+		m.CopyPage(i)
+	}
+	require.NoError(t, m.Commit(nil))
+	require.Equal(t, m.New, fp.Frames(), "the pin moved to the new frames")
+	require.NotEqual(t, old, fp.Frames())
+	require.Equal(t, want, b, "the application sees its bytes through the new frames")
+	for i, f := range fp.Frames() {
+		got, ok := s.FrameOf(addr + uint64(i)*PageSize)
+		require.True(t, ok)
+		require.Equal(t, f, got)
+	}
+	require.Equal(t, 4, s.frames.pinnedFrames(), "only the new frames are pinned")
+	require.EqualValues(t, 4*PageSize, acct.Pinned(), "the charge does not change")
+	m.Release()
+
+	// A second pin on the same range: the owner may not move it.
+	fp2, err := s.Pin(acct, addr, len(b), true)
+	require.NoError(t, err)
+	_, err = fp.PrepareMigrate()
+	require.ErrorIs(t, err, ErrPinned)
+	require.NoError(t, fp2.Unpin())
+	require.NoError(t, fp.Unpin())
+	require.Zero(t, s.frames.pinnedFrames())
+	require.NoError(t, s.Free(addr, len(b)))
+}

@@ -160,6 +160,18 @@ func (a *frameAllocator) pinned(frames []Frame) bool {
 	return false
 }
 
+// pinnedOnce reports whether every frame is held by exactly one pin.
+func (a *frameAllocator) pinnedOnce(frames []Frame) bool {
+	a.Lock()
+	defer a.Unlock()
+	for _, f := range frames {
+		if a.pins[f] != 1 {
+			return false
+		}
+	}
+	return true
+}
+
 func (a *frameAllocator) pinnedFrames() int {
 	a.Lock()
 	defer a.Unlock()

@@ -3,6 +3,7 @@ package hostmem
 import (
 	"errors"
 	"fmt"
+	"slices"
 )
 
 // Migration moves application pages to new frames: the page migration of
@@ -38,6 +39,9 @@ type Migration struct {
 	as    *AddressSpace
 	p     uintptr // first page
 	state migrationState
+	// pin is set for FramePin.PrepareMigrate: the frames may be pinned by
+	// it alone, and the pin moves with the pages.
+	pin *FramePin
 }
 
 type migrationState uint8
@@ -94,8 +98,8 @@ func (s *AddressSpace) prepareMigrate(m *Migration) error {
 	for i := range m.Old {
 		m.Old[i] = Frame(s.pte(m.p+uintptr(i)).Load()&pteFrame - 1)
 	}
-	if s.frames.pinned(m.Old) {
-		return fmt.Errorf("%w: migrate %#x+%d pages", ErrPinned, m.Addr, n)
+	if err := m.checkPins(); err != nil {
+		return err
 	}
 	if err := s.frames.alloc(m.New); err != nil {
 		return fmt.Errorf("hostmem: migrate %#x+%d pages: %w", m.Addr, n, err)
@@ -163,8 +167,22 @@ func (m *Migration) commit(copyDirty func(m *Migration) error) error {
 		}
 		ro[i] = vals[i]&pteReadOnly != 0
 	}
-	if s.frames.pinned(m.Old) {
-		return fmt.Errorf("%w: migrate %#x+%d pages", ErrPinned, m.Addr, n)
+	if err := m.checkPins(); err != nil {
+		return err
+	}
+	var locked []frameRun
+	if m.pin != nil {
+		// Lock the new frames first: if that fails, nothing has changed.
+		var err error
+		if locked, err = m.pin.lockNew(m.New); err != nil {
+			return fmt.Errorf("hostmem: migrate pinned %#x+%d pages: %w", m.Addr, n, err)
+		}
+	}
+	unlockNew := func() {
+		if m.pin != nil {
+			_ = m.pin.unlockRuns(locked)
+			s.frames.unpin(s, m.New)
+		}
 	}
 	inv := s.invalidateStart(Range{m.Addr, m.Addr + uint64(n)<<PageShift}, EventMigrate)
 	defer s.invalidateEnd(inv)
@@ -173,6 +191,7 @@ func (m *Migration) commit(copyDirty func(m *Migration) error) error {
 			m.CopyPage(i)
 		}
 	} else if err := copyDirty(m); err != nil {
+		unlockNew()
 		return fmt.Errorf("hostmem: migrate %#x+%d pages: %w", m.Addr, n, err)
 	}
 	if err := s.mapFrames(m.p, m.New, ro); err != nil {
@@ -181,10 +200,32 @@ func (m *Migration) commit(copyDirty func(m *Migration) error) error {
 		if err2 := s.mapFrames(m.p, m.Old, ro); err2 != nil {
 			panic(fmt.Sprintf("hostmem: migrate: cannot restore the application's view: %v (after %v)", err2, err))
 		}
+		unlockNew()
 		return fmt.Errorf("hostmem: migrate %#x+%d pages: %w", m.Addr, n, err)
 	}
 	for i, f := range m.New {
 		s.pte(m.p + uintptr(i)).Store(uint64(f) + 1 | vals[i]&pteReadOnly | ptePopulated)
+	}
+	if m.pin != nil {
+		// munlock of the old frames can only fail for an address that is
+		// not mapped, which the NIC view always is; its error is not a
+		// reason to undo the migration.
+		_ = m.pin.moveTo(m.Old, m.New, locked)
+	}
+	return nil
+}
+
+// checkPins refuses pinned frames, except a pinned migration's own pin
+// (each old frame held by it alone). Called under mu.
+func (m *Migration) checkPins() error {
+	if m.pin == nil {
+		if m.as.frames.pinned(m.Old) {
+			return fmt.Errorf("%w: migrate %#x+%d pages", ErrPinned, m.Addr, len(m.Old))
+		}
+		return nil
+	}
+	if !slices.Equal(m.pin.frames, m.Old) || !m.as.frames.pinnedOnce(m.Old) {
+		return fmt.Errorf("%w: migrate pinned %#x+%d pages: another pin holds them, or they moved", ErrPinned, m.Addr, len(m.Old))
 	}
 	return nil
 }

@@ -116,6 +116,8 @@ type ODP struct {
 	flipMu sync.Mutex
 
 	released atomic.Bool
+	// track: a remap tracks the pages the NIC writes (Dirty bits).
+	track atomic.Bool
 
 	stats struct {
 		faults, faultsHandled, invals, invalsHandled, prefetch, evictions atomic.Int64
@@ -288,14 +290,56 @@ func (t *ODP) CopyIn(iova uint64, src []byte) (int, Result) {
 	}
 	done := 0
 	in := (iova - t.base) & pageMask
+	track := t.track.Load()
 	for pg := first; done < len(src); pg++ {
 		e := t.entry(pg)
 		n := copy(unsafe.Slice((*byte)(unsafe.Add(unsafe.Pointer(e.frame.Load()), in)), PageSize-in), src[done:])
+		if track && Flags(e.flags.Load())&Dirty == 0 {
+			e.flags.Or(uint32(Dirty))
+		}
 		done += n
 		in = 0
 	}
 	t.exit(ep)
 	return done, OK
+}
+
+// StartTracking begins the dirty tracking of a remap: Dirty bits are
+// cleared and every page the NIC writes from now on gets one.
+func (t *ODP) StartTracking() {
+	t.mu.Lock()
+	for c := range t.children {
+		if ch := t.children[c].Load(); ch != nil {
+			for i := range ch.e {
+				ch.e[i].flags.And(^uint32(Dirty))
+			}
+		}
+	}
+	t.track.Store(true)
+	t.mu.Unlock()
+	t.waitCopies() // copies that started before write no bit
+}
+
+// StopTracking ends dirty tracking.
+func (t *ODP) StopTracking() { t.track.Store(false) }
+
+// DirtyPages returns the pages among the npages pages from iova's page
+// that were written since StartTracking, as indices from iova's page.
+func (t *ODP) DirtyPages(iova uint64, npages int) []int {
+	first, _, ok := t.pages(iova, 1)
+	if !ok {
+		return nil
+	}
+	var out []int
+	for i := range npages {
+		if first+uint64(i) >= t.npages {
+			break
+		}
+		if e := t.entry(first + uint64(i)); e != nil && Flags(e.flags.Load())&Dirty != 0 {
+			out = append(out, i)
+		}
+	}
+	return out
 }
 
 // CopyOut copies from the region at iova into dst (the NIC reads memory),
@@ -345,6 +389,9 @@ func (t *ODP) Atomic64(iova uint64, op func(p *uint64) uint64) (uint64, Result) 
 	e := t.entry(first)
 	p := (*uint64)(unsafe.Add(unsafe.Pointer(e.frame.Load()), (iova-t.base)&pageMask))
 	v := op(p)
+	if t.track.Load() {
+		e.flags.Or(uint32(Dirty))
+	}
 	t.exit(ep)
 	return v, OK
 }
@@ -499,7 +546,7 @@ func (t *ODP) faultBatch(pg uint64, pgs []hostmem.Page, need Flags, acc hostmem.
 				if f&need == need {
 					break
 				}
-				nf := Present | Accessed | f&inRing
+				nf := Present | Accessed | f&(inRing|Dirty)
 				if pgs[i].Writable && t.writable {
 					nf |= Writable
 				}
@@ -594,7 +641,7 @@ func (t *ODP) clear(first, count uint64, evict bool) int {
 				if f&Present == 0 {
 					break
 				}
-				if e.flags.CompareAndSwap(uint32(f), uint32(f&inRing)) {
+				if e.flags.CompareAndSwap(uint32(f), uint32(f&(inRing|Dirty))) { // Dirty survives for a remap
 					n++
 					break
 				}

@@ -145,14 +145,19 @@ type Table struct {
 	// per-page bits maintained: remap, dirty tracking), after which the
 	// copies walk the entries.
 	direct   atomic.Bool
-	flat     []byte // NIC-side bytes of the whole region when direct
+	flatp    atomic.Pointer[byte] // first NIC-side byte of the whole region when direct
 	writable bool   // pinned tables: every page has the Writable bit
 
 	// Owned resources, released by Release.
 	mem      []byte            // the registered bytes, kept alive
 	pins     []*hostmem.Pin    // one per run of contiguous frames
 	held     []*hostmem.Buffer // memfd buffers whose NIC mapping we use
+	fp       *hostmem.FramePin // frames of a host address space (NewPinnedFrames)
 	released atomic.Bool
+
+	// track is set while a remap tracks the pages the NIC writes: the
+	// copies walk the entries (direct is off) and set Dirty.
+	track atomic.Bool
 }
 
 // NewPinned builds the table of a pinned region: the region is mem, its
@@ -219,11 +224,14 @@ func NewPinned(iova uint64, mem []byte, space *hostmem.Space, acct *hostmem.PinA
 	}
 	t.writable = writable
 	if len(t.pins) == 1 {
-		t.flat = unsafe.Slice(t.pages[0].frame.Load(), t.length)
+		t.flatp.Store(t.pages[0].frame.Load())
 		t.direct.Store(true)
 	}
 	return t, nil
 }
+
+// flat returns the NIC-side bytes of the whole region (direct tables).
+func (t *Table) flat() []byte { return unsafe.Slice(t.flatp.Load(), t.length) }
 
 func (t *Table) holds(b *hostmem.Buffer) bool {
 	for _, h := range t.held {
@@ -287,7 +295,10 @@ func (t *Table) Release() error {
 	for _, b := range t.held {
 		b.Unhold()
 	}
-	t.pins, t.held, t.mem = nil, nil, nil
+	if t.fp != nil {
+		errs = append(errs, t.fp.Unpin())
+	}
+	t.pins, t.held, t.mem, t.fp = nil, nil, nil, nil
 	return errors.Join(errs...)
 }
 
@@ -352,14 +363,23 @@ func (t *Table) run(off, n uint64, write bool) ([]byte, Result) {
 	}
 	p := unsafe.Add(unsafe.Pointer(e.frame.Load()), in)
 	got := min(n, PageSize-v&pageMask)
+	k0 := k
 	for got < n {
 		k++
 		e := &t.pages[k]
 		if Flags(e.flags.Load())&need != need ||
 			uintptr(unsafe.Pointer(e.frame.Load())) != uintptr(p)+uintptr(got) {
+			k--
 			break
 		}
 		got += min(n-got, PageSize)
+	}
+	if write && t.track.Load() {
+		for j := k0; j <= k; j++ {
+			if f := &t.pages[j].flags; Flags(f.Load())&Dirty == 0 {
+				f.Or(uint32(Dirty))
+			}
+		}
 	}
 	return unsafe.Slice((*byte)(p), got), OK
 }
@@ -382,7 +402,7 @@ func (t *Table) Translate(iova uint64, n int, write bool) ([]byte, Result) {
 		return nil, OutOfRange
 	}
 	if t.direct.Load() && (t.writable || !write) {
-		return t.flat[off : off+uint64(n)], OK
+		return t.flat()[off : off+uint64(n)], OK
 	}
 	return t.run(off, uint64(n), write)
 }
@@ -400,7 +420,7 @@ func (t *Table) Linear() (flat []byte, writable bool) {
 	if !t.direct.Load() {
 		return nil, false
 	}
-	return t.flat, t.writable
+	return t.flat(), t.writable
 }
 
 // CopyIn copies src into the region at iova (the NIC writes memory). It
@@ -413,7 +433,7 @@ func (t *Table) CopyIn(iova uint64, src []byte) (int, Result) {
 		return 0, OutOfRange
 	}
 	if t.direct.Load() && t.writable {
-		return copy(t.flat[off:], src), OK
+		return copy(t.flat()[off:], src), OK
 	}
 	done := 0
 	for done < len(src) {
@@ -434,7 +454,7 @@ func (t *Table) CopyOut(iova uint64, dst []byte) (int, Result) {
 		return 0, OutOfRange
 	}
 	if t.direct.Load() {
-		return copy(dst, t.flat[off:]), OK
+		return copy(dst, t.flat()[off:]), OK
 	}
 	done := 0
 	for done < len(dst) {

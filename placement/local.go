@@ -17,7 +17,8 @@ type SGE struct {
 // element's L_Key must name a valid region of pd granting need (0 to read,
 // stag.AccessLocalWrite to write) that holds the element. It returns the
 // SGL's total length. Elements of length 0 are not checked: they name no
-// memory. A failure is LocalProtErr.
+// memory. A failure is LocalProtErr; a suspended region passes (the work
+// request waits when it places).
 func (e *Engine) CheckSGL(pd uint32, sgl []SGE, need stag.Access) (total uint64, st Status) {
 	for i := range sgl {
 		s := &sgl[i]
@@ -25,7 +26,7 @@ func (e *Engine) CheckSGL(pd uint32, sgl []SGE, need stag.Access) (total uint64,
 		if s.Length == 0 {
 			continue
 		}
-		if _, _, r := e.mrs.LookupRange(pd, stag.STag(s.LKey), need, s.Addr, uint64(s.Length)); r != stag.OK {
+		if _, _, r := e.mrs.LookupRange(pd, stag.STag(s.LKey), need, s.Addr, uint64(s.Length)); r != stag.OK && r != stag.Suspended {
 			return 0, LocalProtErr
 		}
 	}
@@ -82,7 +83,10 @@ func (e *Engine) sgl(pd uint32, sgl []SGE, offset uint64, b []byte, write bool) 
 		k := min(l-offset, n-done)
 		var sp stag.Span[*MR]
 	again:
-		if e.mrs.Open(&sp, pd, stag.STag(s.LKey), need, s.Addr, l) != stag.OK {
+		if r := e.mrs.Open(&sp, pd, stag.STag(s.LKey), need, s.Addr, l); r != stag.OK {
+			if r == stag.Suspended {
+				return Suspended
+			}
 			return LocalProtErr
 		}
 		tr := pagetable.OK

@@ -256,6 +256,10 @@ const (
 	// Nothing was placed; retry the same call after the fault is served.
 	// Pinned regions never return it.
 	WouldFault
+	// Suspended: placement into the region is paused (Suspend, a remap's
+	// critical section). Nothing was placed; hold the packet and retry
+	// after Resume, or answer an RNR NAK.
+	Suspended
 )
 
 var statusNames = [...]string{
@@ -266,6 +270,7 @@ var statusNames = [...]string{
 	LocalProtErr:    "local protection error",
 	LocalLenErr:     "local length error",
 	WouldFault:      "would fault",
+	Suspended:       "suspended",
 }
 
 func (s Status) String() string {

@@ -96,10 +96,19 @@ func (e *Engine) Begin(c *Cursor, pd uint32, rkey uint32, va uint64, length uint
 	// check, counts the in-flight reference and, for a pinned region,
 	// translates the whole message. Begin is small enough to be inlined,
 	// so the transport's call goes straight to Open.
-	if e.mrs.Open(&c.s, pd, stag.STag(rkey), need, va, length) != stag.OK {
-		return RemoteAccessErr
+	if r := e.mrs.Open(&c.s, pd, stag.STag(rkey), need, va, length); r != stag.OK {
+		return remoteStatus(r)
 	}
 	return OK
+}
+
+// remoteStatus maps a failed key check to a Status: Suspended, or an R_Key
+// violation.
+func remoteStatus(r stag.Reason) Status {
+	if r == stag.Suspended {
+		return Suspended
+	}
+	return RemoteAccessErr
 }
 
 // Write places payload at the cursor's next byte (an RDMA WRITE packet) and
@@ -134,6 +143,9 @@ func (e *Engine) writeSlow(c *Cursor, payload []byte) Status {
 		panic("placement: Write on a cursor begun without a write right")
 	}
 	if !s.Current() && !s.Refresh() {
+		if s.SuspendedNow() {
+			return Suspended
+		}
 		return RemoteAccessErr
 	}
 	if s.Linear() {
@@ -219,8 +231,8 @@ func (o AtomicOp) String() string {
 // transport's (responder resources); Atomic always executes.
 func (e *Engine) Atomic(pd, rkey uint32, va uint64, op AtomicOp, swapAdd, compare uint64) (orig uint64, st Status) {
 	var sp stag.Span[*MR]
-	if e.mrs.Open(&sp, pd, stag.STag(rkey), stag.AccessRemoteAtomic, va, 8) != stag.OK {
-		return 0, RemoteAccessErr
+	if r := e.mrs.Open(&sp, pd, stag.STag(rkey), stag.AccessRemoteAtomic, va, 8); r != stag.OK {
+		return 0, remoteStatus(r)
 	}
 	defer sp.Close()
 	var p *uint64

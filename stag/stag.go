@@ -134,6 +134,7 @@ const (
 	AccessDenied        // the entry lacks a requested access right
 	Invalid             // the entry is allocated but not valid (invalidated)
 	OutOfBounds         // [iova, iova+n) is not inside the entry's range
+	Suspended           // placement into the entry is paused (Table.Suspend): hold or retry the access
 )
 
 var reasonNames = [...]string{
@@ -144,6 +145,7 @@ var reasonNames = [...]string{
 	AccessDenied: "access denied",
 	Invalid:      "invalid",
 	OutOfBounds:  "out of bounds",
+	Suspended:    "suspended",
 }
 
 func (r Reason) String() string {
@@ -166,4 +168,7 @@ func (r Reason) String() string {
 // RFC 5041 section 7.2): NoEntry, KeyMismatch and Invalid are "invalid
 // STag", PDMismatch "STag not associated with RDMAP stream", AccessDenied
 // "access rights violation", OutOfBounds "base or bounds violation".
-func (r Reason) RemoteAccessError() bool { return r != OK }
+//
+// Suspended is not an error: the access is paused and is retried when the
+// suspension ends (or answered with an RNR NAK).
+func (r Reason) RemoteAccessError() bool { return r != OK && r != Suspended }

@@ -112,7 +112,10 @@ func (e *Entry[V]) Drain() {
 //	bit  32     the entry is valid (state StateValid)
 //	bit  33     linear mapping usable for accesses that read memory
 //	bit  34     linear mapping usable for accesses that write memory
-//	bits 35-63  sequence count: odd while a writer changes the slot
+//	bit  35     placement suspended: accesses that write memory fail with
+//	            Suspended (the linear-write bit is withdrawn meanwhile)
+//	bit  36     the linear mapping is writable once the suspension ends
+//	bits 37-63  sequence count: odd while a writer changes the slot
 //
 // Rights and flags sit in one word so that one AND and one compare check
 // the access rights, the state and the linear mapping; the sequence count
@@ -124,7 +127,9 @@ const (
 	ctlValid       = 1 << 32
 	ctlLinearRead  = 1 << 33
 	ctlLinearWrite = 1 << 34
-	ctlSeqShift    = 35
+	ctlSuspended   = 1 << 35
+	ctlResumeWrite = 1 << 36
+	ctlSeqShift    = 37
 	ctlSeqOne      = 1 << ctlSeqShift
 	ctlFlagsMask   = ctlSeqOne - 1 // rights and flags
 )
@@ -194,6 +199,8 @@ func (sn *snapshot[V]) check(pd uint32, key STag, need Access, bounds bool, iova
 		return AccessDenied
 	case sn.ctl&ctlValid == 0:
 		return Invalid
+	case sn.ctl&ctlSuspended != 0 && need&writeRights != 0:
+		return Suspended
 	case bounds && (iova < sn.iova || n > sn.length || iova-sn.iova > sn.length-n):
 		return OutOfBounds
 	}
@@ -453,10 +460,12 @@ func (sp *Span[V]) Current() bool {
 }
 
 // Refresh re-reads the slot after a change (Current false) and reports
-// whether the entry is still valid. If it is, the translation is recomputed
-// for the new contents (the range may no longer be Linear) and Current is
-// true again; if not, the holder must stop using the range and Close the
-// Span. Because the holder still counts as a reference (or its reader is
+// whether the entry is still valid (and, for a Span opened for writing,
+// not suspended: then SuspendedNow is true, and the holder may keep the
+// Span and call Refresh again after the suspension ends). If it is, the
+// translation is recomputed for the new contents (the range may no longer
+// be Linear) and Current is true again; if not, the holder must stop using
+// the range and Close the Span (or, suspended, wait). Because the holder still counts as a reference (or its reader is
 // online again before the slot is read), a writer that changes the mapping
 // and then drains the entry (or waits for a grace period) waits for it, so
 // the new contents are safe to use.
@@ -466,7 +475,8 @@ func (sp *Span[V]) Refresh() bool {
 	}
 	var sn snapshot[V]
 	sp.slot.read(&sn)
-	if sn.entry != sp.Entry || sn.ctl&ctlValid == 0 || STag(sn.keyPD) != sp.Entry.STag {
+	if sn.entry != sp.Entry || sn.ctl&ctlValid == 0 || STag(sn.keyPD) != sp.Entry.STag ||
+		sp.Write && sn.ctl&ctlSuspended != 0 {
 		return false
 	}
 	sp.ctl = sn.ctl
@@ -776,9 +786,13 @@ func (t *Table[V]) SetLinear(key STag, base *byte, write bool) error {
 	if err != nil {
 		return err
 	}
-	flags := s.ctl.Load()&ctlFlagsMask&^(ctlLinearRead|ctlLinearWrite) | ctlLinearRead
+	flags := s.ctl.Load()&ctlFlagsMask&^(ctlLinearRead|ctlLinearWrite|ctlResumeWrite) | ctlLinearRead
 	if write {
-		flags |= ctlLinearWrite
+		if flags&ctlSuspended != 0 {
+			flags |= ctlResumeWrite // granted when the suspension ends
+		} else {
+			flags |= ctlLinearWrite
+		}
 	}
 	seq := s.beginWrite()
 	s.linear.Store(base)
@@ -799,7 +813,7 @@ func (t *Table[V]) ClearLinear(key STag) error {
 	if err != nil {
 		return err
 	}
-	flags := s.ctl.Load() & ctlFlagsMask &^ (ctlLinearRead | ctlLinearWrite)
+	flags := s.ctl.Load() & ctlFlagsMask &^ (ctlLinearRead | ctlLinearWrite | ctlResumeWrite)
 	seq := s.beginWrite()
 	s.linear.Store(nil)
 	s.endWrite(seq, flags)

@@ -148,3 +148,4 @@ func (u *netUDP) Stats() *conn.Stats                   { return new(conn.Stats) 
 func (u *netUDP) SetImpairment(*conn.Impairment) error { return nil }
 func (u *netUDP) SetTap(conn.Tap)                      {}
 func (u *netUDP) Close() error                         { return u.c.Close() }
+func (u *netUDP) Wake()                                { u.c.SetReadDeadline(time.Now()) }

@@ -106,6 +106,12 @@ type Conn interface {
 	// (nil: none).
 	SetTap(t Tap)
 
+	// Wake makes a Receive that is blocked, or the next one, return 0
+	// packets and no error, once: the receive loop then does work that
+	// another goroutine made due (held packets to replay after a
+	// suspension ends). It is safe to call from any goroutine.
+	Wake()
+
 	// Close closes the conn. A blocked Receive returns net.ErrClosed.
 	// Packets still held by a delay or reorder impairment are discarded.
 	Close() error

@@ -74,6 +74,11 @@ type core struct {
 	rxReady   []item     // impaired packets ready for delivery, guarded by rxMu
 	rxHead    int        // next in rxReady
 	rxOwned   []*pbuf    // conn-owned buffers handed out by the last Receive
+
+	// woken is set by Wake and cleared by the Receive that returns for it;
+	// wakeC wakes a PipeConn's Receive.
+	woken atomic.Bool
+	wakeC chan struct{}
 }
 
 func (c *core) init(local netip.AddrPort, pool *bufPool, logf func(string, ...any)) {
@@ -88,6 +93,7 @@ func (c *core) init(local netip.AddrPort, pool *bufPool, logf func(string, ...an
 	c.rx.init(DirRx, &c.stats.RxImpair, pool)
 	c.timer.kick = make(chan struct{}, 1)
 	c.timer.done = make(chan struct{})
+	c.wakeC = make(chan struct{}, 1)
 }
 
 func (c *core) LocalAddr() netip.AddrPort { return c.local }

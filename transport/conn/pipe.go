@@ -113,6 +113,15 @@ func (p *PipeConn) emit(items []item) error {
 }
 
 // Receive implements Conn.
+// Wake implements Conn.
+func (p *PipeConn) Wake() {
+	p.woken.Store(true)
+	select {
+	case p.wakeC <- struct{}{}:
+	default:
+	}
+}
+
 func (p *PipeConn) Receive(pkts []Packet) (int, error) {
 	if len(pkts) == 0 {
 		return 0, nil
@@ -126,6 +135,9 @@ func (p *PipeConn) Receive(pkts []Packet) (int, error) {
 		}
 		if n := p.deliver(pkts); n > 0 {
 			return n, nil
+		}
+		if p.woken.Swap(false) {
+			return 0, nil
 		}
 		p.beforeRead()
 		var wake <-chan time.Time
@@ -153,6 +165,7 @@ func (p *PipeConn) Receive(pkts []Packet) (int, error) {
 		case <-p.closed:
 			return 0, net.ErrClosed
 		case <-wake:
+		case <-p.wakeC:
 		}
 		if p.timer != nil {
 			p.timer.Stop()

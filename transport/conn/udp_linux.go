@@ -453,6 +453,12 @@ func (c *UDPConn) sendmmsg(fd uintptr) bool {
 }
 
 // Receive implements Conn.
+// Wake implements Conn.
+func (c *UDPConn) Wake() {
+	c.woken.Store(true)
+	c.pc.SetReadDeadline(time.Now())
+}
+
 func (c *UDPConn) Receive(pkts []Packet) (int, error) {
 	if len(pkts) == 0 {
 		return 0, nil
@@ -464,10 +470,15 @@ func (c *UDPConn) Receive(pkts []Packet) (int, error) {
 		if n := c.deliver(pkts); n > 0 {
 			return n, nil
 		}
+		if c.woken.Swap(false) {
+			c.pc.SetReadDeadline(time.Time{})
+			c.deadline = false
+			return 0, nil
+		}
 		c.beforeRead()
 		if err := c.read(len(pkts)); err != nil {
 			if errors.Is(err, os.ErrDeadlineExceeded) {
-				continue // a delayed packet is due
+				continue // a delayed packet is due, or Wake
 			}
 			return 0, err
 		}
@@ -483,6 +494,11 @@ func (c *UDPConn) read(want int) error {
 	} else if c.deadline {
 		c.pc.SetReadDeadline(time.Time{})
 		c.deadline = false
+	}
+	// Wake sets woken before it moves the deadline: if it ran after the
+	// deadline was set above, its deadline stands; if before, woken shows.
+	if c.woken.Load() {
+		return os.ErrDeadlineExceeded
 	}
 	vlen := min(len(c.rh), want)
 	for k := range vlen {

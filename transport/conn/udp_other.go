@@ -14,5 +14,6 @@ func Listen(cfg Config) (*UDPConn, error) { return nil, errors.ErrUnsupported }
 func (c *UDPConn) Send([]Packet) error           { return errors.ErrUnsupported }
 func (c *UDPConn) Receive([]Packet) (int, error) { return 0, errors.ErrUnsupported }
 func (c *UDPConn) Close() error                  { return nil }
+func (c *UDPConn) Wake()                         {}
 func (c *UDPConn) Offload() (gso, gro bool)      { return false, false }
 func (c *UDPConn) SocketBuffers() (rcv, snd int) { return 0, 0 }
