@@ -14,7 +14,11 @@
 // retransmits/op, datagrams per send and receive syscall, latency
 // percentiles, and for BenchmarkWriteBWTwoProcess the ratio of softrdma's
 // goodput to a raw UDP pair (GSO + GRO, same batching) measured in the
-// same run. docs/performance.md records the numbers and what they mean.
+// same run, and for BenchmarkWriteBWODP (ib_write_bw --odp: first touch
+// under each fault policy, steady state) the ratio to a pinned target
+// measured on the same devices in the same run, with page faults per op
+// and fault latency. docs/performance.md records the numbers and what
+// they mean.
 //
 // Micro-benchmarks (codec, ICRC, STag lookup, translation, placement copy)
 // live beside the code they measure.

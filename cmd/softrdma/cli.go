@@ -19,6 +19,8 @@ type cli struct {
 	SendLat  toolCmd `cmd:"" name:"send-lat" help:"SEND/RECV latency, ping-pong (ib_send_lat)."`
 	AtomicBW toolCmd `cmd:"" name:"atomic-bw" help:"Atomic FETCH_AND_ADD or CMP_AND_SWAP bandwidth (ib_atomic_bw)."`
 	Demo     demoCmd `cmd:"" help:"Two emulated hosts in this process move a file by WRITE, READ and SEND and check it."`
+	Dump     dumpCmd `cmd:"" help:"Print a pcap or pcapng of RoCEv2 traffic one packet a line, as the tests decode it (opcode, QPN, PSN, headers, CM MADs, ICRC)."`
+	Pingpong pingCmd `cmd:"" name:"rc-pingpong" help:"SEND/RECV ping-pong compatible with ibv_rc_pingpong (its TCP exchange, byte for byte)."`
 }
 
 // toolCmd holds the flags of the perftest-style tools. Names are
@@ -47,6 +49,11 @@ type toolCmd struct {
 	Pcap        string   `placeholder:"FILE" help:"Record every datagram sent and received in a pcap file."`
 	Impair      string   `placeholder:"SPEC" help:"Impair the traffic, e.g. loss=0.01,reorder=0.01,dup=0.005,corrupt=0.001,seed=7."`
 	Bind        string   `placeholder:"IP[:PORT]" help:"RoCEv2 address of this side's device. Default: the IP that reaches the peer; UDP port 4791 on the server, any on the client."`
+	ODP         bool     `short:"o" name:"odp" help:"Register this side's buffer on demand (IBV_ACCESS_ON_DEMAND) on memory of the device's address space instead of pinning it (perftest --odp)."`
+	IODP        bool     `short:"O" name:"iodp" help:"Reach this side's buffer through an implicit ODP MR over the whole address space (ibv_rc_pingpong -O)."`
+	Prefetch    bool     `short:"P" name:"prefetch" help:"Make the ODP buffer present before the run: ibv_advise_mr PREFETCH_WRITE with FLUSH (ibv_rc_pingpong -P). Needs --odp or --iodp."`
+	ODPBudget   byteSize `name:"odp-budget" placeholder:"BYTES" help:"Most bytes this device's ODP MRs hold present at once; over it the least recently used pages are evicted (default: unlimited)."`
+	FaultPolicy string   `name:"fault-policy" placeholder:"sync|rnr" help:"How this side, as responder, meets a page fault on its ODP buffer: sync (resolve inline, as rxe; the default) or rnr (RNR NAK and fault in the background, as mlx5)."`
 	Seed        uint64   `hidden:"" help:"Seed of the --verify pattern (default: random)."`
 }
 
@@ -79,9 +86,14 @@ func (c *toolCmd) options(test perf.Test) (*perf.Options, error) {
 			return nil, err
 		}
 	}
+	odp := perf.ODPOptions{Explicit: c.ODP && !c.IODP, Implicit: c.IODP, Prefetch: c.Prefetch,
+		Budget: int64(c.ODPBudget), FaultPolicy: c.FaultPolicy}
+	if err := odp.Validate(); err != nil {
+		return nil, err
+	}
 	return &perf.Options{
 		Test: test, Params: p, Server: c.Server, Port: c.Port, Bind: c.Bind, File: c.File, Out: c.Out,
-		Pcap: c.Pcap, Impair: c.Impair, JSON: c.JSON, ReportGbits: c.ReportGbits,
+		Pcap: c.Pcap, Impair: c.Impair, JSON: c.JSON, ReportGbits: c.ReportGbits, ODP: odp,
 	}, nil
 }
 

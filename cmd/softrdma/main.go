@@ -69,6 +69,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		return exitOK
 	}
+	if cmd == "rc-pingpong" {
+		return c.Pingpong.run(ctx, stdout, stderr)
+	}
 	test, err := perf.ParseTest(cmd)
 	if err != nil {
 		fmt.Fprintf(stderr, "softrdma: %v\n", err)

@@ -10,7 +10,9 @@ import (
 )
 
 // The tools' registered buffers are anonymous mappings outside the Go
-// heap, page aligned, as perftest's are (memalign). They stand for memory a
+// heap, page aligned, as perftest's are (memalign); with --odp and --iodp
+// they are memory of the device's host address space (memfd mappings,
+// also page aligned and outside the heap). They stand for memory a
 // NIC writes by DMA: the engine's receive path writes them while the tool
 // polls them (write-lat), and the race detector, which only watches the Go
 // heap, rightly leaves that alone; the tool reads the word it polls with an
@@ -37,7 +39,8 @@ const pageSize = 4096
 func roundUp(n, to int) int { return (n + to - 1) / to * to }
 
 // loadByte reads b[i] with an atomic load of the aligned 32-bit word that
-// holds it (b must be a buffer from allocBuffer, so the word is inside it).
+// holds it (b must be a page-aligned buffer such as allocBuffer's, so the
+// word is inside it).
 func loadByte(b []byte, i int) byte {
 	p := unsafe.Pointer(&b[i])
 	off := uintptr(p) & 3

@@ -210,6 +210,10 @@ type Options struct {
 	// ReportGbits prints BW in Gb/sec instead of MB/sec.
 	ReportGbits bool
 
+	// Demand paging of this side's buffer (each side chooses its own, as
+	// with perftest's --odp; the exchange does not carry them).
+	ODP ODPOptions
+
 	// Device, if set, is used instead of opening one (the demo's two
 	// emulated hosts); Bind, Pcap and Impair are then ignored.
 	Device *softrdma.Device
@@ -343,6 +347,52 @@ func mtuCode(bytes int) softrdma.MTU {
 		}
 	}
 	return 0
+}
+
+// ODPOptions choose how a side registers its buffer: pinned (the zero
+// value) or on demand.
+type ODPOptions struct {
+	// Explicit allocates the buffer from the device's host address space
+	// and registers it with AccessOnDemand (perftest's --odp,
+	// ibv_rc_pingpong -o).
+	Explicit bool
+	// Implicit allocates the buffer from the address space and reaches it
+	// through an implicit ODP MR, the whole address space
+	// (ibv_rc_pingpong -O, which implies -o).
+	Implicit bool
+	// Prefetch makes the buffer present before the first round with
+	// ibv_advise_mr(PREFETCH_WRITE, FLUSH) (ibv_rc_pingpong -P). It needs
+	// Explicit or Implicit.
+	Prefetch bool
+	// Budget bounds the bytes the device's ODP MRs hold present
+	// (softrdma.Config.ODPBudget; 0: unlimited).
+	Budget int64
+	// FaultPolicy is the responder's fault policy, "sync" or "rnr" ("":
+	// sync); see softrdma.ParseFaultPolicy.
+	FaultPolicy string
+}
+
+// Enabled reports whether the buffer is registered on demand.
+func (o *ODPOptions) Enabled() bool { return o.Explicit || o.Implicit }
+
+// Validate checks that the options fit together.
+func (o *ODPOptions) Validate() error {
+	if _, err := softrdma.ParseFaultPolicy(o.FaultPolicy); err != nil {
+		return fmt.Errorf("--fault-policy %q: want sync or rnr", o.FaultPolicy)
+	}
+	switch {
+	case o.Budget < 0:
+		return fmt.Errorf("--odp-budget %d: must be 0 or more bytes", o.Budget)
+	case o.Enabled():
+		return nil
+	case o.Prefetch:
+		return errors.New("--prefetch advises ODP MRs: add --odp or --iodp (ibv_advise_mr(3) fails with EFAULT on a pinned MR)")
+	case o.Budget != 0:
+		return errors.New("--odp-budget bounds ODP MRs: add --odp or --iodp")
+	case o.FaultPolicy != "":
+		return errors.New("--fault-policy applies to faults on ODP MRs: add --odp or --iodp")
+	}
+	return nil
 }
 
 // ParseBind parses --bind: "IP" or "IP:port" (IPv6 as "[IP]:port").

@@ -35,7 +35,10 @@ type roundResult struct {
 	Counts []int64     `json:"counts,omitempty"` // messages completed per QP
 	SHA256 string      `json:"sha256,omitempty"` // of the file bytes sent or received
 	Bytes  int64       `json:"bytes"`            // file bytes sent or received
-	Err    string      `json:"err,omitempty"`
+	// ODP is the sender's ODP report after the round (nil: its buffer is
+	// pinned), so that each side can print the other's.
+	ODP *report.ODPJSON `json:"odp,omitempty"`
+	Err string          `json:"err,omitempty"`
 }
 
 // verdict is the last word of a round: each side's checks of the other's
@@ -60,6 +63,9 @@ func Run(ctx context.Context, o *Options) (*Result, error) {
 	if _, _, err := ParseBind(o.Bind); err != nil {
 		return nil, err
 	}
+	if err := o.ODP.Validate(); err != nil {
+		return nil, err
+	}
 	s := &session{o: o, test: o.Test, server: o.Server == "", fileSize: -1}
 	if o.ReportGbits {
 		s.unit = report.Gbps
@@ -82,7 +88,9 @@ func Run(ctx context.Context, o *Options) (*Result, error) {
 	}
 	if s.dev != nil {
 		s.json.Counters = nonZeroCounters(s)
+		s.json.ODP = s.odpReport()
 	}
+	s.json.PeerODP = s.peerODP
 	if o.JSON {
 		if werr := report.WriteJSON(o.Stdout, &s.json); werr != nil && err == nil {
 			err = werr
@@ -336,6 +344,9 @@ func (s *session) run(ctx context.Context) error {
 	if s.fileSize >= 0 {
 		s.reportFile(w, text, &fileRes[0], &fileRes[1])
 	}
+	if text {
+		s.printODP(w, s.odpReport())
+	}
 	return nil
 }
 
@@ -398,6 +409,7 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 	if runErr != nil {
 		mine.Err = runErr.Error()
 	}
+	mine.ODP = s.odpReport()
 	sendErr := s.ctrl.SendJSON(exchange.MsgResult, &mine)
 	pm := <-peerc
 	switch {
@@ -411,6 +423,7 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 		return mine, peer, sendErr
 	}
 	peer = pm.r
+	s.peerODP = peer.ODP
 	// Verdicts: the checks that need the other side's result.
 	check := s.check(&mine, &peer)
 	var v verdict

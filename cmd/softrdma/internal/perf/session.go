@@ -11,6 +11,7 @@ import (
 	"github.com/softrdma/softrdma"
 	"github.com/softrdma/softrdma/cmd/softrdma/internal/exchange"
 	"github.com/softrdma/softrdma/cmd/softrdma/internal/report"
+	"github.com/softrdma/softrdma/hostmem"
 	"github.com/softrdma/softrdma/transport/pcaptap"
 )
 
@@ -35,6 +36,12 @@ type session struct {
 	stride int    // bytes per QP region
 	region int    // bytes of each region the peer may access
 	mr     *softrdma.MR
+	base   uint64 // the IOVA of mem[0] through mr
+	// as is the address space mem was allocated from (--odp, --iodp);
+	// nil for a pinned buffer.
+	as *hostmem.AddressSpace
+	// peerODP is the peer's last ODP report (nil: its buffer is pinned).
+	peerODP *report.ODPJSON
 
 	// fileSize is the size of the file moved (-1: none); the file is the
 	// client's for WRITE and SEND, the server's for READ.
@@ -113,7 +120,12 @@ func (s *session) openDevice() error {
 	if err != nil {
 		return err
 	}
-	cfg := softrdma.Config{Addr: netip.AddrPortFrom(ip, port), Impair: imp, Logf: s.o.Logf}
+	policy, err := softrdma.ParseFaultPolicy(s.o.ODP.FaultPolicy)
+	if err != nil {
+		return err
+	}
+	cfg := softrdma.Config{Addr: netip.AddrPortFrom(ip, port), Impair: imp, Logf: s.o.Logf,
+		ODPBudget: s.o.ODP.Budget, FaultPolicy: policy}
 	if s.o.Pcap != "" {
 		s.tap, err = pcaptap.Create(s.o.Pcap)
 		if err != nil {
@@ -150,13 +162,23 @@ func (s *session) setup() error {
 	}
 	s.region = s.regionSize()
 	s.stride = roundUp(s.region, pageSize)
+	if s.o.ODP.Enabled() {
+		return s.setupODP(s.stride * s.p.QPs)
+	}
 	if s.mem, err = allocBuffer(s.stride * s.p.QPs); err != nil {
 		return err
 	}
-	s.mr, err = s.dev.RegMR(s.pd, s.mem, softrdma.AccessLocalWrite|softrdma.AccessRemoteWrite|
-		softrdma.AccessRemoteRead|softrdma.AccessRemoteAtomic)
-	return err
+	if s.mr, err = s.dev.RegMR(s.pd, s.mem, bufAccess); err != nil {
+		return err
+	}
+	s.base = s.mr.Addr()
+	return nil
 }
+
+// bufAccess is the access of the registered buffer: every tool's peer may
+// write, read or run atomics on it.
+const bufAccess = softrdma.AccessLocalWrite | softrdma.AccessRemoteWrite | softrdma.AccessRemoteRead |
+	softrdma.AccessRemoteAtomic
 
 // close releases everything; it is safe on a partly set up session.
 func (s *session) close() {
@@ -164,10 +186,12 @@ func (s *session) close() {
 	if s.mr != nil {
 		s.dev.DeregMR(s.mr)
 	}
+	// The buffer goes before the device: closing the device closes the
+	// address space it created, and with it the buffer's mapping.
+	s.freeMem()
 	if s.ownDev && s.dev != nil {
 		s.dev.Close()
 	}
-	freeBuffer(s.mem)
 	if s.tap != nil {
 		if err := s.tap.Close(); err != nil {
 			s.logf("softrdma: --pcap: %v", err)
@@ -188,7 +212,7 @@ func (s *session) close() {
 func (s *session) local(i int) []byte { return s.mem[i*s.stride : i*s.stride+s.region] }
 
 // addr returns the IOVA of byte off of QP i's region.
-func (s *session) addr(i int, off int) uint64 { return s.mr.Addr() + uint64(i*s.stride+off) }
+func (s *session) addr(i int, off int) uint64 { return s.base + uint64(i*s.stride+off) }
 
 // sge returns the SGE of n bytes at off in QP i's region.
 func (s *session) sge(i, off, n int) softrdma.SGE {

@@ -173,17 +173,19 @@ func stdev(sum, sumSq float64, n int64) float64 {
 
 // JSON is the machine-readable report of one tool run (--json).
 type JSON struct {
-	Tool     string            `json:"tool"`            // e.g. "write-bw"
-	Side     string            `json:"side"`            // "server" or "client"
-	Unit     string            `json:"unit,omitempty"`  // BW unit: "MB/sec" or "Gb/sec"
-	MTU      int               `json:"mtu"`             // path MTU in bytes
-	QPs      int               `json:"qps"`             // number of QPs
-	BW       []BWJSON          `json:"bw,omitempty"`    // one row per size
-	Lat      []LatJSON         `json:"lat,omitempty"`   // one row per size
-	Verified bool              `json:"verified"`        // --verify was on and every byte matched
-	File     *FileJSON         `json:"file,omitempty"`  // --file transfers
-	Counters map[string]uint64 `json:"counters"`        // non-zero hw_counters of the local device
-	Error    string            `json:"error,omitempty"` // why the run failed
+	Tool     string            `json:"tool"`               // e.g. "write-bw"
+	Side     string            `json:"side"`               // "server" or "client"
+	Unit     string            `json:"unit,omitempty"`     // BW unit: "MB/sec" or "Gb/sec"
+	MTU      int               `json:"mtu"`                // path MTU in bytes
+	QPs      int               `json:"qps"`                // number of QPs
+	BW       []BWJSON          `json:"bw,omitempty"`       // one row per size
+	Lat      []LatJSON         `json:"lat,omitempty"`      // one row per size
+	Verified bool              `json:"verified"`           // --verify was on and every byte matched
+	File     *FileJSON         `json:"file,omitempty"`     // --file transfers
+	Counters map[string]uint64 `json:"counters"`           // non-zero hw_counters of the local device
+	ODP      *ODPJSON          `json:"odp,omitempty"`      // this side's buffer, if registered on demand
+	PeerODP  *ODPJSON          `json:"peer_odp,omitempty"` // the peer's buffer, if registered on demand
+	Error    string            `json:"error,omitempty"`    // why the run failed
 }
 
 // BWJSON is one bandwidth row; BW values are in the report's unit.

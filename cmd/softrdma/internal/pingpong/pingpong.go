@@ -1,0 +1,618 @@
+package pingpong
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	mrand "math/rand/v2"
+	"net"
+	"net/netip"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/softrdma/softrdma"
+	"github.com/softrdma/softrdma/transport/pcaptap"
+	"github.com/softrdma/softrdma/transport/wire"
+)
+
+// Work request IDs, rc_pingpong's (they double as bits of "pending").
+const (
+	recvWRID = 1
+	sendWRID = 2
+)
+
+// rc_pingpong's defaults.
+const (
+	DefaultSize    = 4096
+	DefaultIters   = 1000
+	DefaultMTU     = 1024
+	DefaultRxDepth = 500
+)
+
+// The QP attributes pp_connect_ctx sets.
+const (
+	minRNRTimer = 12 // 0.64 ms
+	qpTimeout   = 14 // 67 ms
+	retryCnt    = 7  // forever, as rxe treats 7
+	rnrRetry    = 7  // forever
+	rdAtomic    = 1  // max_rd_atomic and max_dest_rd_atomic
+)
+
+// Implementation constants.
+const (
+	// spinFor is how long the polling mode busy-polls before it blocks: a
+	// NIC in software needs a CPU too, and a poller that never blocks
+	// starves it on a small machine (ibv_rc_pingpong spins without limit,
+	// which suits a hardware NIC).
+	spinFor = 50 * time.Microsecond
+	// linger keeps the device up for a moment after the last completion
+	// so that the ACK of the last SEND received, which the engine sends at
+	// the end of its receive batch (after the receive completion is
+	// visible), leaves before the socket closes, and a retransmission of
+	// it would still be answered.
+	linger = 50 * time.Millisecond
+	// retryEvery is the pause between connection attempts of a client
+	// with a ConnectTimeout.
+	retryEvery = 200 * time.Millisecond
+)
+
+// Options are rc_pingpong's flags, plus softrdma's own.
+type Options struct {
+	Server  string // the server's host; empty: be the server
+	Port    int    // TCP port of the exchange (-p)
+	Size    int    // message size in bytes (-s)
+	Iters   int    // exchanges (-n)
+	MTU     int    // path MTU in bytes (-m)
+	RxDepth int    // receives posted at a time (-r)
+	SL      int    // service level (-l); RoCEv2 has no field for it
+	Events  bool   // sleep on CQ events instead of polling (-e)
+	// GIDIndex is -g: the GID index whose GID this side advertises; -1
+	// (rc_pingpong's default) advertises the zero GID, which a RoCE peer
+	// cannot address. softrdma's device has one GID, its IP address (IPv4
+	// as ::ffff:a.b.c.d), at every index.
+	GIDIndex int
+	Check    bool // -c: the client zeroes the first byte of each page, the server checks it
+	// Verify checks every message received: the client fills its buffer
+	// with a random pattern (Seed) and checks that each echo equals it; the
+	// server checks that each message equals the first it received.
+	Verify bool
+	Seed   uint64
+
+	Bind           string        // the device's IP[:port]; default the TCP connection's local IP, port 4791
+	Pcap           string        // record the device's datagrams
+	Stat           bool          // print the device's non-zero counters at the end
+	ConnectTimeout time.Duration // client: retry a refused connection for this long (0: one attempt, as rc_pingpong)
+
+	Listener net.Listener // server: accept on this instead of listening on Port (tests)
+	Stdout   io.Writer
+	Logf     func(format string, args ...any) // warnings; nil: silent
+}
+
+// ErrData reports received data that failed -c or --verify.
+var ErrData = errors.New("invalid data received")
+
+// UsageError is an invalid option.
+type UsageError struct{ msg string }
+
+func (e *UsageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error { return &UsageError{fmt.Sprintf(format, args...)} }
+
+// Validate checks the options and fills in defaults for zero values.
+func (o *Options) Validate() error {
+	if o.Port == 0 {
+		o.Port = DefaultPort
+	}
+	if o.Port < 0 || o.Port > 65535 {
+		return usagef("-p %d: not a TCP port", o.Port)
+	}
+	if o.Size < 0 {
+		return usagef("-s %d: negative size", o.Size)
+	}
+	if o.Iters < 1 {
+		return usagef("-n %d: need at least one exchange", o.Iters)
+	}
+	if o.RxDepth < 1 || o.RxDepth > softrdma.MaxCQE-1 {
+		return usagef("-r %d: 1 to %d", o.RxDepth, softrdma.MaxCQE-1)
+	}
+	if mtuCode(o.MTU) == 0 {
+		return usagef("-m %d: path MTU must be 256, 512, 1024, 2048 or 4096", o.MTU)
+	}
+	if o.SL < 0 || o.SL > 15 {
+		return usagef("-l %d: service level is 0-15", o.SL)
+	}
+	if o.Stdout == nil {
+		o.Stdout = io.Discard
+	}
+	return nil
+}
+
+func mtuCode(bytes int) softrdma.MTU {
+	for m := softrdma.MTU256; m <= softrdma.MTU4096; m++ {
+		if m.Bytes() == bytes {
+			return m
+		}
+	}
+	return 0
+}
+
+// run is one rc-pingpong: the device, its resources and the loop state.
+type run struct {
+	o      *Options
+	dev    *softrdma.Device
+	tap    *pcaptap.Writer
+	pd     *softrdma.PD
+	buf    []byte // the registered buffer (page aligned); messages use buf[:o.Size]
+	mr     *softrdma.MR
+	cq     *softrdma.CQ
+	qp     *softrdma.QP
+	my     Dest
+	rem    Dest
+	peer   netip.AddrPort // the peer's RoCEv2 address
+	wcs    []softrdma.WC
+	want   []byte // Verify: what the next message received must hold (nil: not known yet)
+	checks int    // Verify: messages checked
+}
+
+// Run runs rc_pingpong as a client (o.Server set) or a server. It returns
+// a *UsageError for bad options, ErrData (wrapped) for bad data, and other
+// errors with the message rc_pingpong prints.
+func Run(ctx context.Context, o Options) (err error) {
+	if err := o.Validate(); err != nil {
+		return err
+	}
+	bind, err := parseBind(o.Bind)
+	if err != nil {
+		return err
+	}
+	r := &run{o: &o, wcs: make([]softrdma.WC, 2)}
+	defer r.close()
+
+	var c net.Conn
+	if o.Server != "" {
+		c, err = dial(ctx, o.Server, o.Port, o.ConnectTimeout)
+	} else {
+		c, err = accept(ctx, o.Listener, o.Port)
+	}
+	if err != nil {
+		return err
+	}
+	stop := context.AfterFunc(ctx, func() { c.Close() })
+	defer func() {
+		stop()
+		c.Close()
+	}()
+
+	if !bind.Addr().IsValid() {
+		bind = netip.AddrPortFrom(addrOf(c.LocalAddr()), wire.RoCEv2Port)
+	}
+	if err := r.setup(bind); err != nil {
+		return err
+	}
+	fmt.Fprintf(o.Stdout, "  local address:  LID 0x%04x, QPN 0x%06x, PSN 0x%06x, GID %s\n",
+		r.my.LID, r.my.QPN, r.my.PSN, GIDString(r.my.GID))
+
+	tcpPeer := addrOf(c.RemoteAddr())
+	if o.Server != "" {
+		r.rem, err = ClientExchange(c, &r.my)
+	} else {
+		r.rem, err = ServerExchange(c, &r.my, func(rem Dest) error { return r.connect(rem, tcpPeer) })
+	}
+	stop()
+	c.Close()
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return err
+	}
+	fmt.Fprintf(o.Stdout, "  remote address: LID 0x%04x, QPN 0x%06x, PSN 0x%06x, GID %s\n",
+		r.rem.LID, r.rem.QPN, r.rem.PSN, GIDString(r.rem.GID))
+	if o.Server != "" {
+		if err := r.connect(r.rem, tcpPeer); err != nil {
+			return err
+		}
+	}
+	return r.pingpong(ctx)
+}
+
+// setup opens the device on bind and creates what pp_init_ctx does, posts
+// rx_depth receives and picks the PSN.
+func (r *run) setup(bind netip.AddrPort) error {
+	o := r.o
+	if bind.Port() != wire.RoCEv2Port {
+		r.logf("rc-pingpong: the device binds UDP port %d; a stock peer sends to %d (the exchange has no port)",
+			bind.Port(), wire.RoCEv2Port)
+	}
+	cfg := softrdma.Config{Addr: bind, Logf: o.Logf}
+	if o.Pcap != "" {
+		var err error
+		if r.tap, err = pcaptap.Create(o.Pcap); err != nil {
+			return fmt.Errorf("--pcap: %w", err)
+		}
+		cfg.Tap = r.tap
+	}
+	var err error
+	if r.dev, err = softrdma.Open(cfg); err != nil {
+		return fmt.Errorf("couldn't open the device: %w", err)
+	}
+	if r.pd, err = r.dev.AllocPD(); err != nil {
+		return fmt.Errorf("couldn't allocate PD: %w", err)
+	}
+	page := os.Getpagesize()
+	n := (max(o.Size, 1) + page - 1) / page * page
+	// memalign(page_size, size) and memset 0x7b, as pp_init_ctx; outside
+	// the Go heap, like memory a NIC writes by DMA.
+	if r.buf, err = unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE); err != nil {
+		return fmt.Errorf("couldn't allocate work buf: %w", err)
+	}
+	for i := range r.buf[:o.Size] {
+		r.buf[i] = 0x7b
+	}
+	if r.mr, err = r.dev.RegMR(r.pd, r.buf, softrdma.AccessLocalWrite); err != nil {
+		return fmt.Errorf("couldn't register MR: %w", err)
+	}
+	if r.cq, err = r.dev.CreateCQ(o.RxDepth + 1); err != nil {
+		return fmt.Errorf("couldn't create CQ: %w", err)
+	}
+	r.qp, err = r.dev.CreateQP(r.pd, softrdma.QPInitAttr{
+		SendCQ: r.cq, RecvCQ: r.cq, Type: softrdma.QPTypeRC,
+		Cap: softrdma.Cap{MaxSendWR: 1, MaxRecvWR: o.RxDepth, MaxSendSGE: 1, MaxRecvSGE: 1},
+	})
+	if err != nil {
+		return fmt.Errorf("couldn't create QP: %w", err)
+	}
+	// RESET -> INIT with qp_access_flags 0, as pp_init_ctx.
+	if err := r.qp.Modify(&softrdma.QPAttr{State: softrdma.QPStateInit, PKeyIndex: 0, Port: 1},
+		softrdma.QPAttrState|softrdma.QPAttrPKeyIndex|softrdma.QPAttrPort|softrdma.QPAttrAccessFlags); err != nil {
+		return fmt.Errorf("failed to modify QP to INIT: %w", err)
+	}
+	if routs := r.postRecv(o.RxDepth); routs < o.RxDepth {
+		return fmt.Errorf("couldn't post receive (%d)", routs)
+	}
+	r.my = Dest{LID: 0, QPN: uint32(r.qp.QPN()), PSN: randPSN()}
+	if o.GIDIndex >= 0 {
+		r.my.GID = r.dev.GID()
+	} else {
+		r.logf("rc-pingpong: without -g this side advertises the zero GID, which a RoCE peer cannot address (use -g 1 with rxe)")
+	}
+	return nil
+}
+
+// connect is pp_connect_ctx: INIT -> RTR -> RTS towards rem. The peer's
+// RoCEv2 address is the IP its GID stands for (UDP port 4791); a peer that
+// sent the zero GID (no -g) is reached at the address of its TCP
+// connection, since softrdma has no path without a GRH.
+func (r *run) connect(rem Dest, tcpPeer netip.Addr) error {
+	ip := GIDAddr(rem.GID)
+	switch {
+	case !HasGRH(rem.GID):
+		r.logf("rc-pingpong: the peer's GID is zero (no -g on its side); addressing it at %v, its TCP address", tcpPeer)
+		ip = tcpPeer
+	case ip.Is6() && ip.IsLinkLocalUnicast():
+		return fmt.Errorf("the peer's GID %v is link-local, which needs an interface; give the peer the -g index of a routable GID", ip)
+	}
+	local := r.dev.LocalAddr().Addr()
+	if ip.Is4() != local.Is4() {
+		return fmt.Errorf("the peer's address %v and this device's %v are of different IP families (see -g on the peer, --bind here)", ip, local)
+	}
+	r.peer = netip.AddrPortFrom(ip, wire.RoCEv2Port)
+	if err := r.qp.Modify(&softrdma.QPAttr{
+		State: softrdma.QPStateRTR, Dest: r.peer, PathMTU: mtuCode(r.o.MTU), DestQPN: softrdma.QPN(rem.QPN),
+		RQPSN: softrdma.PSN(rem.PSN), MaxDestRdAtomic: rdAtomic, MinRNRTimer: minRNRTimer,
+	}, softrdma.QPAttrState|softrdma.QPAttrAV|softrdma.QPAttrPathMTU|softrdma.QPAttrDestQPN|
+		softrdma.QPAttrRQPSN|softrdma.QPAttrMaxDestRdAtomic|softrdma.QPAttrMinRNRTimer); err != nil {
+		return fmt.Errorf("failed to modify QP to RTR: %w", err)
+	}
+	if err := r.qp.Modify(&softrdma.QPAttr{
+		State: softrdma.QPStateRTS, Timeout: qpTimeout, RetryCnt: retryCnt, RNRRetry: rnrRetry,
+		SQPSN: softrdma.PSN(r.my.PSN), MaxRdAtomic: rdAtomic,
+	}, softrdma.QPAttrState|softrdma.QPAttrTimeout|softrdma.QPAttrRetryCnt|softrdma.QPAttrRNRRetry|
+		softrdma.QPAttrSQPSN|softrdma.QPAttrMaxQPRdAtomic); err != nil {
+		return fmt.Errorf("failed to modify QP to RTS: %w", err)
+	}
+	return nil
+}
+
+func (r *run) sge() softrdma.SGE {
+	return softrdma.SGE{Addr: r.mr.Addr(), Length: uint32(r.o.Size), LKey: r.mr.LKey()}
+}
+
+// postRecv posts up to n receives of the whole message into the buffer
+// and returns how many it posted (pp_post_recv).
+func (r *run) postRecv(n int) int {
+	wr := softrdma.RecvWR{WRID: recvWRID, SGL: []softrdma.SGE{r.sge()}}
+	for i := range n {
+		if _, err := r.qp.PostRecv(wr); err != nil {
+			return i
+		}
+	}
+	return n
+}
+
+func (r *run) postSend() error {
+	_, err := r.qp.PostSend(softrdma.SendWR{WRID: sendWRID, Opcode: softrdma.WRSend,
+		SGL: []softrdma.SGE{r.sge()}, Flags: softrdma.SendSignaled})
+	if err != nil {
+		return fmt.Errorf("couldn't post send: %w", err)
+	}
+	return nil
+}
+
+// pingpong is rc_pingpong's main loop and report.
+func (r *run) pingpong(ctx context.Context) error {
+	o := r.o
+	page := os.Getpagesize()
+	msg := r.buf[:o.Size]
+	pending := recvWRID
+	if o.Server != "" {
+		if o.Verify {
+			seed := o.Seed
+			if seed == 0 {
+				seed = randSeed()
+			}
+			fill(msg, seed)
+		}
+		if o.Check {
+			for i := 0; i < o.Size; i += page {
+				msg[i] = 0 // i / page_size % sizeof(char)
+			}
+		}
+		if o.Verify {
+			r.want = bytes.Clone(msg)
+		}
+		if err := r.postSend(); err != nil {
+			return err
+		}
+		pending |= sendWRID
+	}
+	start := time.Now()
+	routs, rcnt, scnt := o.RxDepth, 0, 0
+	for rcnt < o.Iters || scnt < o.Iters {
+		wcs, err := r.poll(ctx)
+		if err != nil {
+			return err
+		}
+		for i := range wcs {
+			wc := &wcs[i]
+			if wc.Status != softrdma.WCSuccess {
+				return fmt.Errorf("failed status %s (%d) for wr_id %d", wc.Status, wc.Status, wc.WRID)
+			}
+			switch wc.WRID {
+			case sendWRID:
+				scnt++
+			case recvWRID:
+				if routs--; routs <= 1 {
+					routs += r.postRecv(o.RxDepth - routs)
+					if routs < o.RxDepth {
+						return fmt.Errorf("couldn't post receive (%d)", routs)
+					}
+				}
+				rcnt++
+				if err := r.verify(wc, msg, rcnt); err != nil {
+					return err
+				}
+			default:
+				return fmt.Errorf("completion for unknown wr_id %d", wc.WRID)
+			}
+			pending &^= int(wc.WRID)
+			if scnt < o.Iters && pending == 0 {
+				if err := r.postSend(); err != nil {
+					return err
+				}
+				pending = recvWRID | sendWRID
+			}
+		}
+	}
+	usec := float64(time.Since(start).Microseconds())
+	bytes := int64(o.Size) * int64(o.Iters) * 2
+	fmt.Fprintf(o.Stdout, "%d bytes in %.2f seconds = %.2f Mbit/sec\n", bytes, usec/1e6, float64(bytes)*8/usec)
+	fmt.Fprintf(o.Stdout, "%d iters in %.2f seconds = %.2f usec/iter\n", o.Iters, usec/1e6, usec/float64(o.Iters))
+	var bad error
+	if o.Server == "" && o.Check {
+		for i := 0; i < o.Size; i += page {
+			if msg[i] != 0 {
+				fmt.Fprintf(o.Stdout, "invalid data in page %d\n", i/page)
+				bad = fmt.Errorf("%w: -c: page %d starts with 0x%02x", ErrData, i/page, msg[i])
+			}
+		}
+	}
+	if o.Verify {
+		fmt.Fprintf(o.Stdout, "verified %d messages of %d bytes\n", r.checks, o.Size)
+	}
+	time.Sleep(linger)
+	return bad
+}
+
+// verify checks the message a receive completion reports (Verify).
+func (r *run) verify(wc *softrdma.WC, msg []byte, n int) error {
+	if !r.o.Verify {
+		return nil
+	}
+	if int(wc.ByteLen) != len(msg) {
+		return fmt.Errorf("%w: message %d is %d bytes, expected %d", ErrData, n, wc.ByteLen, len(msg))
+	}
+	if r.want == nil { // server: the first message is the reference
+		r.want = bytes.Clone(msg)
+	} else if !bytes.Equal(msg, r.want) {
+		i := 0
+		for msg[i] == r.want[i] {
+			i++
+		}
+		return fmt.Errorf("%w: message %d differs at byte %d: 0x%02x, expected 0x%02x", ErrData, n, i, msg[i], r.want[i])
+	}
+	r.checks++
+	return nil
+}
+
+// poll returns completions: with -e it blocks (ibv_get_cq_event), else it
+// polls, yielding, and blocks after spinFor.
+func (r *run) poll(ctx context.Context) ([]softrdma.WC, error) {
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+	var start time.Time
+	for i := 0; !r.o.Events; i++ {
+		n, err := r.cq.Poll(r.wcs)
+		if n > 0 || err != nil {
+			return r.wcs[:n], pollErr(err)
+		}
+		if i&15 == 15 {
+			if start.IsZero() {
+				start = time.Now()
+			} else if time.Since(start) > spinFor {
+				break
+			}
+		}
+		runtime.Gosched()
+	}
+	n, err := r.cq.Wait(ctx, r.wcs)
+	return r.wcs[:n], pollErr(err)
+}
+
+func pollErr(err error) error {
+	switch {
+	case err == nil, errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return err
+	}
+	return fmt.Errorf("poll CQ failed: %w", err)
+}
+
+// close prints the counters (Stat), also after a failure, and releases
+// everything; it is safe on a partly set up run.
+func (r *run) close() {
+	if r.o.Stat && r.dev != nil {
+		fmt.Fprintf(r.o.Stdout, "softrdma counters (%v <-> %v):\n", r.dev.LocalAddr(), r.peer)
+		for _, c := range r.dev.Snapshot() {
+			if c.Value != 0 {
+				fmt.Fprintf(r.o.Stdout, "  %s = %d\n", c.Name, c.Value)
+			}
+		}
+	}
+	if r.qp != nil {
+		r.dev.DestroyQP(r.qp)
+	}
+	if r.mr != nil {
+		r.dev.DeregMR(r.mr)
+	}
+	if r.dev != nil {
+		r.dev.Close()
+	}
+	if r.buf != nil {
+		unix.Munmap(r.buf)
+	}
+	if r.tap != nil {
+		if err := r.tap.Close(); err != nil {
+			r.logf("rc-pingpong: --pcap: %v", err)
+		}
+	}
+}
+
+func (r *run) logf(format string, args ...any) {
+	if r.o.Logf != nil {
+		r.o.Logf(format, args...)
+	}
+}
+
+// dial connects to the server, retrying refused connections for up to
+// timeout.
+func dial(ctx context.Context, host string, port int, timeout time.Duration) (net.Conn, error) {
+	addr := net.JoinHostPort(host, strconv.Itoa(port))
+	deadline := time.Now().Add(timeout)
+	var d net.Dialer
+	for {
+		c, err := d.DialContext(ctx, "tcp", addr)
+		if err == nil {
+			return c, nil
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		if !errors.Is(err, syscall.ECONNREFUSED) || time.Now().Add(retryEvery).After(deadline) {
+			return nil, fmt.Errorf("couldn't connect to %s:%d: %w", host, port, err)
+		}
+		select {
+		case <-time.After(retryEvery):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// accept waits for one client on ln, or on a listener of port (all
+// addresses, as AI_PASSIVE).
+func accept(ctx context.Context, ln net.Listener, port int) (net.Conn, error) {
+	if ln == nil {
+		var err error
+		if ln, err = net.Listen("tcp", ":"+strconv.Itoa(port)); err != nil {
+			return nil, fmt.Errorf("couldn't listen to port %d: %w", port, err)
+		}
+	}
+	stop := context.AfterFunc(ctx, func() { ln.Close() })
+	defer stop()
+	c, err := ln.Accept()
+	ln.Close() // rc_pingpong serves one client
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, fmt.Errorf("accept() failed: %w", err)
+	}
+	return c, nil
+}
+
+func addrOf(a net.Addr) netip.Addr {
+	if t, ok := a.(*net.TCPAddr); ok {
+		ip, _ := netip.AddrFromSlice(t.IP)
+		return ip.Unmap()
+	}
+	return netip.Addr{}
+}
+
+// parseBind parses --bind: "IP" or "IP:port" (IPv6 as "[IP]:port"); the
+// port defaults to 4791.
+func parseBind(s string) (netip.AddrPort, error) {
+	if s == "" {
+		return netip.AddrPort{}, nil
+	}
+	var ap netip.AddrPort
+	if a, err := netip.ParseAddr(strings.Trim(s, "[]")); err == nil {
+		ap = netip.AddrPortFrom(a.Unmap(), wire.RoCEv2Port)
+	} else if ap, err = netip.ParseAddrPort(s); err != nil {
+		return ap, usagef("--bind %q: want IP or IP:port", s)
+	}
+	ap = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+	if ap.Addr().IsUnspecified() {
+		return ap, usagef("--bind %v: the RoCE device needs a specific IP (it is the device's GID)", ap.Addr())
+	}
+	return ap, nil
+}
+
+// fill writes a pseudo-random pattern of seed into b.
+func fill(b []byte, seed uint64) {
+	g := mrand.NewPCG(seed, 18515)
+	var w [8]byte
+	for i := 0; i < len(b); i += 8 {
+		binary.LittleEndian.PutUint64(w[:], g.Uint64())
+		copy(b[i:], w[:])
+	}
+}
+
+// randPSN is lrand48() & 0xffffff.
+func randPSN() uint32 { return uint32(randSeed()) & 0xffffff }
+
+func randSeed() uint64 {
+	var b [8]byte
+	rand.Read(b[:])
+	return binary.LittleEndian.Uint64(b[:])
+}
