@@ -131,12 +131,9 @@ type odpState struct {
 // are registered on: Config.AddressSpace, or one the device creates at the
 // first call (hostmem.DefaultSize of address space, reserved, not
 // committed) and closes with the device. Allocate ODP memory from it
-// (Alloc, AllocAt) and register it with RegMR and AccessOnDemand. Errors:
-// the profile has no ODP (ErrNoODP), or the reservation fails.
+// (Alloc, AllocAt) and register it with RegMR and AccessOnDemand (or
+// pinned: such MRs can be remapped). Errors: the reservation fails.
 func (d *Device) AddressSpace() (*hostmem.AddressSpace, error) {
-	if !d.profile.odp() {
-		return nil, fmt.Errorf("softrdma: profile %s: %w", d.profile, ErrNoODP)
-	}
 	d.odp.mu.Lock()
 	defer d.odp.mu.Unlock()
 	if d.odp.as != nil {

@@ -442,3 +442,23 @@ func TestODPAdvise(t *testing.T) {
 	require.True(t, bytes.Equal(src, buf))
 	require.Zero(t, mr.ODPStats().PageFaults)
 }
+
+// TestODPRNRMessageOverBudget: under the rnr policy a WRITE of more pages
+// than the device's page budget completes (the background fault ahead is
+// capped at half the budget, so it does not evict its own pages before the
+// retry places them), byte-exact, with the budget respected.
+func TestODPRNRMessageOverBudget(t *testing.T) {
+	const budget = 128 << 10 // 32 pages
+	p := softrdmatest.NewPair(t, softrdmatest.Options{FaultPolicy: softrdma.FaultRNR, ODPBudget: budget,
+		Connect: softrdma.ConnectOptions{MinRNRTimer: 1}})
+	const n = 2 * budget
+	src, srcMR := reg(t, p.A, n, rw)
+	_, dstMR := odpAlloc(t, p.B, n, rw)
+	back, backMR := reg(t, p.A, n, rw)
+	fill(21, src)
+	write(t, p.A, srcMR, 0, n, dstMR, dstMR.Addr())
+	read(t, p.A, backMR, 0, n, dstMR, dstMR.Addr())
+	require.True(t, bytes.Equal(src, back))
+	require.LessOrEqual(t, p.B.Dev.ODPBudget().Peak(), int64(budget/pageSize))
+	require.Positive(t, counter(p.B.Dev, "odp_rnr_naks"))
+}

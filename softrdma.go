@@ -72,6 +72,7 @@ type Device struct {
 
 	profile Profile
 	odp     odpState
+	remapMu sync.Mutex // one remap at a time
 }
 
 // Open creates a device bound to cfg.Addr (ibv_open_device). Errors: the
@@ -188,6 +189,9 @@ type DeviceAttr struct {
 	GID             [16]byte
 	ODPCaps         ODPCaps // on-demand paging (ibv_device_attr_ex.odp_caps)
 	Profile         Profile // the device profile
+	// FinestScope is the narrowest scope the device can pause placement
+	// at (a scope, not a boolean): finer requests are widened to it.
+	FinestScope Scope
 }
 
 // MaxCQE is the largest CQ depth.
@@ -201,6 +205,7 @@ func (d *Device) Attr() DeviceAttr {
 		MaxQPRdAtom: transport.MaxRdAtomic, MaxQPInitRdAtom: transport.MaxRdAtomic,
 		MaxInlineData: transport.MaxInline, PageSizeCap: 4096, AtomicCap: "ATOMIC_HCA",
 		ActiveMTU: MTU4096, GID: d.GID(), ODPCaps: d.profile.odpCaps(), Profile: d.profile,
+		FinestScope: d.profile.FinestScope(),
 	}
 }
 

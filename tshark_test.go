@@ -49,6 +49,21 @@ func everyOpcode(t *testing.T, path string) {
 		_, err := p.B.QP.PostRecv(softrdma.RecvWR{SGL: []softrdma.SGE{{Addr: dmr.Addr(), Length: uint32(len(dst)), LKey: dmr.LKey()}}})
 		require.NoError(t, err)
 	}
+	// SEND with Invalidate names a fast-registration MR of B, registered
+	// again before each one (a key that cannot be invalidated is a class
+	// J error).
+	fr, err := p.B.Dev.AllocMR(p.B.PD, 1)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.B.Dev.DeregMR(fr) })
+	invKey := func() uint32 {
+		require.NoError(t, p.B.Dev.MapMR(fr, make([]byte, 64)))
+		key := softrdma.IncRKey(fr.LKey())
+		_, err := p.B.QP.PostSend(softrdma.SendWR{Opcode: softrdma.WRRegMR,
+			Reg: softrdma.RegWR{MR: fr, Key: key, Access: softrdma.AccessLocalWrite | softrdma.AccessRemoteWrite}})
+		require.NoError(t, err)
+		synctest.Wait() // B's requester has run the REG_MR
+		return key
+	}
 	big, small := 3*1024+100, 100
 	for _, n := range []int{big, small} { // FIRST/MIDDLE/LAST and ONLY
 		require.Equal(t, softrdma.WCSuccess, post(softrdma.SendWR{Opcode: softrdma.WRRDMAWrite, SGL: sge(n), RemoteAddr: dmr.Addr(), RKey: dmr.RKey()}).Status)
@@ -56,7 +71,11 @@ func everyOpcode(t *testing.T, path string) {
 		require.Equal(t, softrdma.WCSuccess, post(softrdma.SendWR{Opcode: softrdma.WRRDMAWriteWithImm, ImmData: 1, SGL: sge(n), RemoteAddr: dmr.Addr(), RKey: dmr.RKey()}).Status)
 		for _, op := range []softrdma.WROpcode{softrdma.WRSend, softrdma.WRSendWithImm, softrdma.WRSendWithInv} {
 			recv()
-			require.Equal(t, softrdma.WCSuccess, post(softrdma.SendWR{Opcode: op, ImmData: 2, InvRKey: 3, SGL: sge(n)}).Status)
+			var inv uint32
+			if op == softrdma.WRSendWithInv {
+				inv = invKey()
+			}
+			require.Equal(t, softrdma.WCSuccess, post(softrdma.SendWR{Opcode: op, ImmData: 2, InvRKey: inv, SGL: sge(n)}).Status)
 		}
 		require.Equal(t, softrdma.WCSuccess, post(softrdma.SendWR{Opcode: softrdma.WRRDMARead, SGL: sge(n), RemoteAddr: dmr.Addr(), RKey: dmr.RKey()}).Status)
 	}
@@ -64,7 +83,7 @@ func everyOpcode(t *testing.T, path string) {
 	require.Equal(t, softrdma.WCSuccess, post(softrdma.SendWR{Opcode: softrdma.WRAtomicCmpAndSwp, SGL: one, RemoteAddr: dmr.Addr(), RKey: dmr.RKey()}).Status)
 	require.Equal(t, softrdma.WCSuccess, post(softrdma.SendWR{Opcode: softrdma.WRAtomicFetchAndAdd, SGL: one, RemoteAddr: dmr.Addr(), RKey: dmr.RKey()}).Status)
 	// An RNR NAK, then the receive arrives.
-	_, err := p.A.QP.PostSend(softrdma.SendWR{Opcode: softrdma.WRSend, Flags: softrdma.SendSignaled, SGL: sge(small)})
+	_, err = p.A.QP.PostSend(softrdma.SendWR{Opcode: softrdma.WRSend, Flags: softrdma.SendSignaled, SGL: sge(small)})
 	require.NoError(t, err)
 	synctest.Wait() // the RNR NAK went out; the requester waits on its timer
 	require.NotZero(t, p.B.Dev.Counters().SendRNRErr.Load())

@@ -343,7 +343,17 @@ func populate(b []byte, first, pages uintptr, write bool) error {
 		if write {
 			advice = unix.MADV_POPULATE_WRITE
 		}
-		_, _, e := unix.Syscall(unix.SYS_MADVISE, first, pages<<PageShift, advice)
+		var e unix.Errno
+		for try := 0; ; try++ {
+			_, _, e = unix.Syscall(unix.SYS_MADVISE, first, pages<<PageShift, advice)
+			// A signal interrupts the population (EINTR; the Go runtime
+			// preempts goroutines with SIGURG): what is populated stays,
+			// and the call is made again for the rest.
+			if (e == unix.EINTR || e == unix.EAGAIN) && try < 1000 {
+				continue
+			}
+			break
+		}
 		switch e {
 		case 0:
 			return nil

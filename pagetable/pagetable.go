@@ -146,7 +146,7 @@ type Table struct {
 	// copies walk the entries.
 	direct   atomic.Bool
 	flatp    atomic.Pointer[byte] // first NIC-side byte of the whole region when direct
-	writable bool   // pinned tables: every page has the Writable bit
+	writable bool                 // pinned tables: every page has the Writable bit
 
 	// Owned resources, released by Release.
 	mem      []byte            // the registered bytes, kept alive

@@ -221,6 +221,7 @@ func (e *Engine) regODP(pd uint32, addr, length uint64, buf []byte, access stag.
 	if err := e.mrs.Validate(ent.STag); err != nil {
 		panic("placement: a new key cannot be validated: " + err.Error())
 	}
+	e.reg.add(mr)
 	return mr, nil
 }
 

@@ -59,6 +59,8 @@ type Engine struct {
 
 	// Demand paging.
 	asSet    atomic.Pointer[hostmem.AddressSpace]
+	reg      registry
+	life     lifecycle // FRWR, windows, re-registration (mw.go)
 	budget   *pagetable.Budget
 	noODP    bool
 	asyncSem chan struct{}
@@ -110,6 +112,8 @@ type MR struct {
 	buf   []byte           // the registered bytes, kept referenced
 	dead  atomic.Bool      // DeregMR has started
 	eng   *Engine
+	adv   advertised // QPs the rkey was declared advertised to
+	life  mrLife     // FRWR state, windows bound (mw.go); guarded by eng.life.mu
 }
 
 // LKey returns the local key (ibv_mr.lkey).
@@ -164,7 +168,17 @@ func (e *Engine) RegMR(pd uint32, buf []byte, access stag.Access) (*MR, error) {
 		return e.regODP(pd, hostmem.AddrOf(buf), uint64(len(buf)), buf, access)
 	}
 	iova := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(buf))))
-	table, err := pagetable.NewPinned(iova, buf, &e.space, e.pins, access&stag.AccessLocalWrite != 0)
+	var (
+		table *pagetable.Table
+		err   error
+	)
+	if as := e.asSet.Load(); as != nil && as.Bounds().Start <= iova && iova+uint64(len(buf)) <= as.Bounds().End {
+		// Memory of the host address space: pin its frames, so that the
+		// region can be remapped.
+		table, err = pagetable.NewPinnedFrames(as, e.pins, buf, access&stag.AccessLocalWrite != 0)
+	} else {
+		table, err = pagetable.NewPinned(iova, buf, &e.space, e.pins, access&stag.AccessLocalWrite != 0)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("placement: reg MR: %w", err)
 	}
@@ -188,6 +202,7 @@ func (e *Engine) RegMR(pd uint32, buf []byte, access stag.Access) (*MR, error) {
 	if err := e.mrs.Validate(ent.STag); err != nil {
 		panic("placement: a new key cannot be validated: " + err.Error())
 	}
+	e.reg.add(mr)
 	return mr, nil
 }
 
@@ -204,10 +219,11 @@ func (e *Engine) DeregMR(mr *MR) error {
 	if mr == nil || mr.eng != e {
 		return fmt.Errorf("placement: dereg MR: not a region of this device: %w", ErrInvalid)
 	}
-	if !mr.dead.CompareAndSwap(false, true) {
-		return ErrDeregistered
+	if err := e.beginDereg(mr); err != nil {
+		return err
 	}
 	key := mr.entry.STag
+	e.reg.remove(mr)
 	if err := e.mrs.Invalidate(key); err != nil {
 		panic("placement: the key of a live MR is missing: " + err.Error())
 	}
@@ -220,7 +236,7 @@ func (e *Engine) DeregMR(mr *MR) error {
 	var err error
 	if mr.odp != nil {
 		err = mr.odp.t.Release()
-	} else {
+	} else if mr.table != nil { // nil: a fast-registration MR never mapped
 		err = mr.table.Release()
 	}
 	if err != nil {

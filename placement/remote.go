@@ -142,11 +142,10 @@ func (e *Engine) writeSlow(c *Cursor, payload []byte) Status {
 	if !s.Write {
 		panic("placement: Write on a cursor begun without a write right")
 	}
-	if !s.Current() && !s.Refresh() {
-		if s.SuspendedNow() {
-			return Suspended
+	if !s.Current() {
+		if r := s.RefreshReason(); r != stag.OK {
+			return remoteStatus(r)
 		}
-		return RemoteAccessErr
 	}
 	if s.Linear() {
 		copy(s.At(s.Done, n), payload)
@@ -230,7 +229,14 @@ func (o AtomicOp) String() string {
 // RESPST_ERR_MISALIGNED_ATOMIC). Replays of duplicate atomics are the
 // transport's (responder resources); Atomic always executes.
 func (e *Engine) Atomic(pd, rkey uint32, va uint64, op AtomicOp, swapAdd, compare uint64) (orig uint64, st Status) {
+	return e.AtomicQP(pd, 0, rkey, va, op, swapAdd, compare)
+}
+
+// AtomicQP is Atomic for a request received by QP qpn: a type 2 memory
+// window's rkey is accepted only from the QP it is bound to.
+func (e *Engine) AtomicQP(pd, qpn, rkey uint32, va uint64, op AtomicOp, swapAdd, compare uint64) (orig uint64, st Status) {
 	var sp stag.Span[*MR]
+	sp.QP = qpn
 	if r := e.mrs.Open(&sp, pd, stag.STag(rkey), stag.AccessRemoteAtomic, va, 8); r != stag.OK {
 		return 0, remoteStatus(r)
 	}

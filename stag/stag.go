@@ -135,6 +135,7 @@ const (
 	Invalid             // the entry is allocated but not valid (invalidated)
 	OutOfBounds         // [iova, iova+n) is not inside the entry's range
 	Suspended           // placement into the entry is paused (Table.Suspend): hold or retry the access
+	QPMismatch          // a type 2 memory window presented by a QP other than the one it is bound to (IBTA 10.6.7.2)
 )
 
 var reasonNames = [...]string{
@@ -146,6 +147,7 @@ var reasonNames = [...]string{
 	Invalid:      "invalid",
 	OutOfBounds:  "out of bounds",
 	Suspended:    "suspended",
+	QPMismatch:   "QP mismatch",
 }
 
 func (r Reason) String() string {
@@ -168,6 +170,9 @@ func (r Reason) String() string {
 // RFC 5041 section 7.2): NoEntry, KeyMismatch and Invalid are "invalid
 // STag", PDMismatch "STag not associated with RDMAP stream", AccessDenied
 // "access rights violation", OutOfBounds "base or bounds violation".
+// QPMismatch (a type 2 window used through another QP) is an R_Key
+// violation too (rxe_lookup_mw fails, RESPST_ERR_RKEY_VIOLATION); iWARP
+// calls it "STag not associated with RDMAP stream".
 //
 // Suspended is not an error: the access is paused and is retried when the
 // suspension ends (or answered with an RNR NAK).

@@ -53,10 +53,3 @@ func (t *Table[V]) Resume(key STag) error {
 	s.endWrite(seq, flags)
 	return nil
 }
-
-// SuspendedNow reports whether the Span's entry is suspended now (after
-// Current failed and Refresh refused a write Span, it tells a paused
-// access from an invalidated one).
-func (sp *Span[V]) SuspendedNow() bool {
-	return sp.slot != nil && sp.slot.ctl.Load()&ctlSuspended != 0
-}

@@ -41,6 +41,14 @@ type Entry[V any] struct {
 	Length uint64 // bytes covered, starting at IOVA
 	Access Access // rights granted
 	Value  V      // what the layer above hangs on the entry (placement: *MR)
+	// Target is set when the entry is a memory window bound to a region:
+	// the region's entry, whose slot every access through the window then
+	// uses (its state, suspension, linear mapping and reference count; see
+	// Table.Rekey). nil for a region and for an unbound window.
+	Target *Entry[V]
+	// QP is the QP a type 2 window is bound to (IBTA 10.6.7.2): only a
+	// Span whose QP it is may open the window. 0: any QP of the PD.
+	QP uint32
 
 	state atomic.Uint32 // State
 	// waiter is set by Drain; Release signals it when refs reaches zero.
@@ -69,14 +77,11 @@ func (e *Entry[V]) Release() {
 	}
 }
 
-// wake signals a drainer, if there is one. It is kept out of Release so that
-// Release inlines.
+// wake wakes the drainers, if there are any, by closing their channel. It
+// is kept out of Release so that Release inlines.
 func (e *Entry[V]) wake() {
-	if c := e.waiter.Load(); c != nil {
-		select {
-		case *c <- struct{}{}:
-		default: // a wake-up is already pending
-		}
+	if c := e.waiter.Load(); c != nil && e.waiter.CompareAndSwap(c, nil) {
+		close(*c)
 	}
 }
 
@@ -89,21 +94,30 @@ func (e *Entry[V]) Refs() int64 { return e.refs.Load() }
 // behind the linear mapping moves): from then on every acquire fails or
 // sees the new contents, so the count of the old users only falls. A
 // reference may be held across the packets of a message (a placement
-// cursor), so Drain lasts until the transport ends that message. One
-// goroutine at a time may drain an entry.
+// cursor), so Drain lasts until the transport ends that message. Several
+// goroutines may drain an entry at once (a deregistration, a suspension and
+// the invalidation of a window on the region): they share one channel,
+// which the Release that brings the count to zero closes.
 func (e *Entry[V]) Drain() {
-	if e.refs.Load() == 0 {
-		return
-	}
-	c := make(chan struct{}, 1)
-	e.waiter.Store(&c)
-	// Release decrements and then loads waiter; we store waiter and then
-	// load refs. Go's atomics are sequentially consistent, so at least one
-	// side sees the other: no wake-up is lost.
 	for e.refs.Load() != 0 {
-		<-c
+		c := e.waiter.Load()
+		if c == nil {
+			ch := make(chan struct{})
+			if !e.waiter.CompareAndSwap(nil, &ch) {
+				continue // another drainer installed one
+			}
+			c = &ch
+		}
+		// Release decrements and then loads waiter; we store waiter and
+		// then load refs. Go's atomics are sequentially consistent, so
+		// at least one side sees the other: no wake-up is lost. A channel
+		// left installed when the count is already zero is closed by the
+		// next Release that reaches zero, harmlessly.
+		if e.refs.Load() == 0 {
+			return
+		}
+		<-*c
 	}
-	e.waiter.Store(nil)
 }
 
 // The control word of a slot (slot.ctl):
@@ -195,6 +209,14 @@ func (sn *snapshot[V]) check(pd uint32, key STag, need Access, bounds bool, iova
 		return KeyMismatch
 	case uint32(sn.keyPD>>32) != pd:
 		return PDMismatch
+	case sn.entry.Target != nil && (need&AccessRemote == 0 || sn.entry.QP != 0):
+		// A memory window grants remote access only (IBTA 10.6.7: it is
+		// named by an R_Key, never an L_Key); a type 2 window only to its
+		// QP, which only Open knows (openWindow checks it).
+		if need&AccessRemote == 0 {
+			return AccessDenied
+		}
+		return QPMismatch
 	case Access(sn.ctl)&need != need:
 		return AccessDenied
 	case sn.ctl&ctlValid == 0:
@@ -329,7 +351,7 @@ func (t *Table[V]) Lookup(pd uint32, key STag, need Access) (*Entry[V], Reason) 
 	// confirmed by a second load of ctl.
 	if c := t.dir[uint32(key)>>(KeyBits+chunkBits)].Load(); c != nil {
 		s := &c[uint32(key)>>KeyBits&(1<<chunkBits-1)]
-		ctl, want := s.ctl.Load(), uint64(need)|ctlValid
+		ctl, want := s.ctl.Load(), uint64(need)|rightRegion|ctlValid
 		if (ctl&want^want)|(s.keyPD.Load()^(uint64(pd)<<32|uint64(key))) == 0 {
 			if ent := s.entry.Load(); s.ctl.Load() == ctl {
 				return ent, OK
@@ -356,10 +378,17 @@ const writeRights = AccessLocalWrite | AccessRemoteWrite | AccessRemoteAtomic
 // the valid bit and the linear mapping for the access.
 func fastWant(need Access) uint64 {
 	if need&writeRights != 0 {
-		return uint64(need) | ctlValid | ctlLinearWrite
+		return uint64(need) | rightRegion | ctlValid | ctlLinearWrite
 	}
-	return uint64(need) | ctlValid | ctlLinearRead
+	return uint64(need) | rightRegion | ctlValid | ctlLinearRead
 }
+
+// rightRegion is an internal right in every region's slot (Alloc) and in no
+// window's (Rekey with a target): the fast paths require it, so that a
+// memory window, whose checks need the entry (remote only, its QP, its
+// target), always takes the slow path. It costs nothing: it folds into the
+// constant the fast paths compare with.
+const rightRegion = 1 << 31
 
 // The fast paths check bounds with two compares, n-1 < length and
 // iova-base <= length-n. For n > 0 that is exact as long as the slot's
@@ -439,6 +468,18 @@ type Span[V any] struct {
 	base *byte
 	slot *slot[V]
 	ctl  uint64 // slot.ctl when the reference was taken or refreshed
+
+	// QP is the number of the QP that presents keys through this Span
+	// (set once by the holder, like Bind): a type 2 memory window opens
+	// only for its own QP. 0: no QP (type 2 windows never open).
+	QP uint32
+	// via is the window's slot when the Span was opened through a memory
+	// window (Entry, slot and ctl are then the target region's), with its
+	// ctl at Open: Refresh refuses once the window has changed. nil for a
+	// Span opened on a region. Written by the window path only; Close
+	// clears it when set, so the regions' path stores nothing more.
+	via    *slot[V]
+	viaCtl uint64
 }
 
 // Linear reports whether the range is mapped linearly (At may be used).
@@ -461,7 +502,7 @@ func (sp *Span[V]) Current() bool {
 
 // Refresh re-reads the slot after a change (Current false) and reports
 // whether the entry is still valid (and, for a Span opened for writing,
-// not suspended: then SuspendedNow is true, and the holder may keep the
+// not suspended: then RefreshReason says Suspended, and the holder may keep the
 // Span and call Refresh again after the suspension ends). If it is, the
 // translation is recomputed for the new contents (the range may no longer
 // be Linear) and Current is true again; if not, the holder must stop using
@@ -469,19 +510,29 @@ func (sp *Span[V]) Current() bool {
 // online again before the slot is read), a writer that changes the mapping
 // and then drains the entry (or waits for a grace period) waits for it, so
 // the new contents are safe to use.
-func (sp *Span[V]) Refresh() bool {
+func (sp *Span[V]) Refresh() bool { return sp.RefreshReason() == OK }
+
+// RefreshReason is Refresh, saying why it failed: Suspended (decided on
+// one snapshot of the slot, so a suspension that ends meanwhile is not
+// taken for an invalidation) or Invalid.
+func (sp *Span[V]) RefreshReason() Reason {
 	if sp.rd != nil {
 		sp.rd.Enter() // before the slot is read again
 	}
 	var sn snapshot[V]
 	sp.slot.read(&sn)
-	if sn.entry != sp.Entry || sn.ctl&ctlValid == 0 || STag(sn.keyPD) != sp.Entry.STag ||
-		sp.Write && sn.ctl&ctlSuspended != 0 {
-		return false
+	if sn.entry != sp.Entry || sn.ctl&ctlValid == 0 || STag(sn.keyPD) != sp.Entry.STag {
+		return Invalid
+	}
+	if sp.via != nil && sp.via.ctl.Load() != sp.viaCtl {
+		return Invalid // the window was invalidated or rebound
+	}
+	if sp.Write && sn.ctl&ctlSuspended != 0 {
+		return Suspended
 	}
 	sp.ctl = sn.ctl
 	sp.base = sn.base(sp.IOVA, sp.Len, sp.Write)
-	return true
+	return OK
 }
 
 // Close drops the reference, if any, and makes the Span hold nothing (IOVA
@@ -492,6 +543,9 @@ func (sp *Span[V]) Close() {
 			sp.Entry.Release()
 		}
 		sp.Entry = nil // slot and ctl mean nothing without an Entry
+	}
+	if sp.via != nil {
+		sp.via = nil
 	}
 	sp.base, sp.Len, sp.Done = nil, 0, 0
 }
@@ -581,6 +635,9 @@ func (t *Table[V]) openSlow(sp *Span[V], pd uint32, key STag, need Access) Reaso
 	if s == nil {
 		return NoEntry
 	}
+	if e := s.entry.Load(); e != nil && e.Target != nil {
+		return t.openWindow(sp, s, pd, key, need, iova, n)
+	}
 	var sn snapshot[V]
 	if sp.rd != nil {
 		// The reader is online since Open began: what the snapshot
@@ -591,6 +648,13 @@ func (t *Table[V]) openSlow(sp *Span[V], pd uint32, key STag, need Access) Reaso
 		}
 	} else if r := t.acquire(&sn, s, pd, key, need, true, iova, n); r != OK {
 		return r
+	}
+	if sn.entry.Target != nil {
+		// The index became a window meanwhile (freed and reused).
+		if sp.rd == nil {
+			sn.entry.Release()
+		}
+		return t.openWindow(sp, s, pd, key, need, iova, n)
 	}
 	sp.Entry, sp.slot, sp.ctl = sn.entry, s, sn.ctl
 	sp.base = sn.base(iova, n, sp.Write)
@@ -622,7 +686,7 @@ func (t *Table[V]) acquire(sn *snapshot[V], s *slot[V], pd uint32, key STag, nee
 func (t *Table[V]) Acquire(pd uint32, key STag, need Access) (*Entry[V], Reason) {
 	if c := t.dir[uint32(key)>>(KeyBits+chunkBits)].Load(); c != nil {
 		s := &c[uint32(key)>>KeyBits&(1<<chunkBits-1)]
-		ctl, want := s.ctl.Load(), uint64(need)|ctlValid
+		ctl, want := s.ctl.Load(), uint64(need)|rightRegion|ctlValid
 		if (ctl&want^want)|(s.keyPD.Load()^(uint64(pd)<<32|uint64(key))) == 0 {
 			if ent := s.entry.Load(); ent != nil {
 				ent.refs.Add(1)
@@ -703,17 +767,28 @@ func (t *Table[V]) Alloc(pd uint32, iova, length uint64, access Access, value V)
 		Access: access,
 		Value:  value,
 	}
-	e.state.Store(uint32(StateInvalid))
-	s := t.slot(e.STag)
-	seq := s.beginWrite()
-	s.keyPD.Store(uint64(pd)<<32 | uint64(e.STag))
-	s.iova.Store(iova)
-	s.length.Store(length)
-	s.linear.Store(nil)
-	s.entry.Store(e)
-	s.endWrite(seq, uint64(access))
+	t.publish(e)
 	t.mu.live++
 	return e, nil
+}
+
+// publish installs e, in state Invalid, in the slot of its index, with no
+// linear mapping. A region's slot gets rightRegion (the fast paths may
+// serve it); a window's does not. Called with mu held.
+func (t *Table[V]) publish(e *Entry[V]) {
+	e.state.Store(uint32(StateInvalid))
+	rights := uint64(e.Access)
+	if e.Target == nil {
+		rights |= rightRegion
+	}
+	s := t.slot(e.STag)
+	seq := s.beginWrite()
+	s.keyPD.Store(uint64(e.PD)<<32 | uint64(e.STag))
+	s.iova.Store(e.IOVA)
+	s.length.Store(e.Length)
+	s.linear.Store(nil)
+	s.entry.Store(e)
+	s.endWrite(seq, rights)
 }
 
 // grow makes sure index i has a slot and a key byte. Called with mu held.

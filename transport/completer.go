@@ -64,6 +64,10 @@ func (qp *QP) completer(p *wire.Packet, path *path) bool {
 		var v [8]byte
 		binary.NativeEndian.PutUint64(v[:], p.AtomicAckETH().OrigRemoteData())
 		if st := qp.dev.place.Scatter(qp.pd, w.wr.SGL, 0, v[:]); st != placement.OK {
+			if st == placement.Suspended {
+				qp.placementSuspended(&qp.dev.rxTx, qp.path.Load(), p, nil)
+				return false
+			}
 			qp.fail(w, WCLocProtErr)
 			return false
 		}
@@ -119,6 +123,10 @@ func (qp *QP) completer(p *wire.Packet, path *path) bool {
 		}
 		if n > 0 {
 			if st := qp.dev.place.Scatter(qp.pd, w.wr.SGL, w.readDone, p.Payload); st != placement.OK {
+				if st == placement.Suspended {
+					qp.placementSuspended(&qp.dev.rxTx, qp.path.Load(), p, nil)
+					return false
+				}
 				qp.fail(w, WCLocProtErr)
 				return false
 			}
@@ -258,6 +266,10 @@ func (qp *QP) oldest() *sendWQE {
 func (qp *QP) ackUpTo(psn wire.PSN) bool {
 	for {
 		w := qp.oldest()
+		if w != nil && w.local == localDone {
+			qp.retireLocal() // executed local operations have no PSN (mw.go)
+			continue
+		}
 		if w == nil || !w.psnSet || psn.Before(w.lastPSN) {
 			if w != nil && w.psnSet && !psn.Before(w.firstPSN) &&
 				w.wr.Opcode != WRRDMARead && !isRdAtomic(w.wr.Opcode) && qp.comp.psn.Before(psn.Add(1)) {
@@ -296,6 +308,7 @@ func (qp *QP) retire(w *sendWQE, st WCStatus) {
 	}
 	qp.comp.retryCnt = qp.attr.RetryCnt
 	qp.comp.rnrRetry = qp.attr.RNRRetry
+	qp.retireLocal() // local operations executed behind w complete now
 }
 
 // impliedNAK handles a response that acknowledges past a READ or atomic

@@ -69,6 +69,7 @@ type Device struct {
 	logf     func(string, ...any)
 	counters Counters
 	policy   FaultPolicy
+	susp     suspendState
 
 	qps struct {
 		sync.Mutex
@@ -235,6 +236,7 @@ func (d *Device) CreateQP(pd uint32, init *QPInitAttr) (*QP, error) {
 		}
 		if d.qpTable[n].Load() == nil {
 			qp.qpn = wire.QPN(n)
+			qp.bindCursors() // again, now with the QPN that type 2 windows check
 			d.qpTable[n].Store(qp)
 			return qp, nil
 		}
@@ -247,6 +249,9 @@ func (d *Device) DestroyQP(qp *QP) error {
 	qp.enterError()
 	qp.stopTimer()
 	d.qpTable[qp.qpn].CompareAndSwap(qp, nil)
+	// Type 2 windows go with their QP, so that a later QP of the same
+	// number cannot use them.
+	d.place.ReleaseQPWindows(uint32(qp.qpn))
 	return nil
 }
 
@@ -320,6 +325,10 @@ func (d *Device) rxLoop() {
 			}
 			continue
 		}
+		if d.susp.replay.Swap(false) {
+			// A suspension ended: the packets it held go first.
+			d.replayHeld(&p)
+		}
 		for i := range n {
 			d.handle(&pkts[i], &p)
 		}
@@ -373,6 +382,14 @@ func (d *Device) handle(pkt *conn.Packet, p *wire.Packet) {
 		c.drop(DropWrongAddress)
 		return
 	}
+	// The suspension gate. The reader goes online first, so that a
+	// Suspend that closes the gate and then waits for a grace period
+	// waits for this packet too.
+	d.reader.Enter()
+	if qp.held != 0 || d.susp.active.Load() != 0 && d.qpPaused(qp) {
+		d.paused(qp, pkt, p)
+		return
+	}
 	c.RcvdPkts.Add(1)
 	if p.Info.Mask&wire.MaskReq != 0 {
 		qp.respMu.Lock()
@@ -380,6 +397,13 @@ func (d *Device) handle(pkt *conn.Packet, p *wire.Packet) {
 		qp.respMu.Unlock()
 	} else {
 		qp.completeRecv(p, path)
+	}
+	if d.susp.holdThis {
+		// Placement into a suspended MR: the packet changed nothing and
+		// is counted as received when it is replayed.
+		d.susp.holdThis = false
+		c.RcvdPkts.Add(^uint64(0))
+		d.hold(qp, pkt, p)
 	}
 }
 

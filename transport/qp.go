@@ -119,6 +119,13 @@ type QPInitAttr struct {
 
 // QP is a reliable-connected queue pair.
 type QP struct {
+	// held counts this QP's packets in the device's hold queue (receive
+	// loop only); while it is not zero, every packet of the QP is held
+	// behind them (RC places in PSN order). pausedGen is the number of the
+	// latest suspension that held or NAKed one of its packets.
+	held      int
+	pausedGen atomic.Uint64
+
 	dev    *Device
 	qpn    wire.QPN
 	pd     uint32
@@ -146,6 +153,7 @@ type QP struct {
 	req   reqState  // guarded by sq
 	fatal bool      // guarded by sq: move to ERR once sq is unlocked
 	comp  compState // guarded by sq
+	local localWait // guarded by sq: an invalidation to wait for after unlocking (mw.go)
 
 	rq struct {
 		sync.Mutex
@@ -188,7 +196,8 @@ type sendWQE struct {
 	psnSet   bool // firstPSN/lastPSN assigned
 	done     bool // completed (by ACK or response)
 	status   WCStatus
-	readDone uint64 // READ: response bytes placed so far
+	readDone uint64     // READ: response bytes placed so far
+	local    localState // LOCAL_INV, REG_MR, BIND_MW: executed? (mw.go)
 }
 
 type recvWQE struct {
@@ -431,6 +440,9 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 func (qp *QP) bindCursors() {
 	qp.resp.cur.Bind(qp.dev.reader)
 	qp.resp.readCur.Bind(qp.dev.reader)
+	// A type 2 memory window opens only for the QP it is bound to.
+	qp.resp.cur.SetQP(uint32(qp.qpn))
+	qp.resp.readCur.SetQP(uint32(qp.qpn))
 }
 
 // resetLocked returns the QP to its just-created condition; queued work is
@@ -548,6 +560,8 @@ func wcOpcodeFor(op WROpcode) WCOpcode {
 		return WCLocalInv
 	case WRBindMW:
 		return WCBindMW
+	case WRRegMR:
+		return WCRegMR
 	}
 	return WCSend
 }
@@ -594,6 +608,10 @@ func (qp *QP) postSendLocked(wr *SendWR) error {
 	var need stag.Access
 	switch wr.Opcode {
 	case WRSend, WRSendWithImm, WRSendWithInv, WRRDMAWrite, WRRDMAWriteWithImm:
+	case WRLocalInv, WRRegMR, WRBindMW:
+		if err := checkLocalWR(wr); err != nil {
+			return err
+		}
 	case WRRDMARead:
 		need = stag.AccessLocalWrite
 		if wr.Flags&SendInline != 0 {

@@ -32,10 +32,18 @@ func (qp *QP) runRequester(b *txBatch) bool {
 	more := qp.runRequesterLocked(b)
 	fatal := qp.fatal
 	qp.fatal = false
+	lw := qp.takeLocalWait()
 	qp.sq.Unlock()
 	if fatal {
 		qp.flush()
 		qp.releaseResp()
+	}
+	if lw.inv != nil {
+		// An invalidation waits for the placements in flight without
+		// sq (mw.go); what was built before it goes out first.
+		b.flush()
+		qp.finishLocal(lw)
+		more = true
 	}
 	return more
 }
@@ -71,6 +79,12 @@ func (qp *QP) runRequesterLocked(b *txBatch) bool {
 		op := w.wr.Opcode
 		if draining && r.offset == 0 {
 			break
+		}
+		if isLocalOp(op) {
+			if !qp.runLocal(w) {
+				break
+			}
+			continue
 		}
 		if r.idx == r.acct {
 			// First visit of this WQE in this pass: fence and credits.

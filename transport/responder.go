@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"github.com/softrdma/softrdma/pagetable"
 	"github.com/softrdma/softrdma/placement"
 	"github.com/softrdma/softrdma/stag"
 	"github.com/softrdma/softrdma/transport/wire"
@@ -130,6 +131,10 @@ func (qp *QP) execSend(p *wire.Packet, path *path, b *txBatch) bool {
 	}
 	if n > 0 {
 		if st := qp.dev.place.Scatter(qp.pd, r.recv.sgl[:r.recv.nsge], r.recvOff, p.Payload); st != placement.OK {
+			if st == placement.Suspended {
+				qp.placementSuspended(b, path, p, nil)
+				return false
+			}
 			qp.finishRecv(WCLocProtErr, r.recvOff, p, path)
 			qp.respError(b, path, DropAccess, wire.SyndromeNAKRemoteOp, WCRemOpErr)
 			return false
@@ -137,6 +142,9 @@ func (qp *QP) execSend(p *wire.Packet, path *path, b *txBatch) bool {
 	}
 	r.recvOff += n
 	if p.Info.Mask&wire.MaskLast != 0 {
+		if p.Info.Mask&wire.MaskIETH != 0 && !qp.invalidateIETH(p, path, b) {
+			return false // class J error: NAKed, receive completed in error
+		}
 		qp.finishRecv(WCSuccess, r.recvOff, p, path)
 	}
 	return true
@@ -182,6 +190,10 @@ func (qp *QP) execWrite(p *wire.Packet, path *path, b *txBatch) bool {
 		r.wdone = 0
 		if r.wlen > 0 {
 			if st := e.Begin(&r.cur, qp.pd, reth.RKey(), reth.VA(), r.wlen, stag.AccessRemoteWrite); st != placement.OK {
+				if st == placement.Suspended {
+					qp.placementSuspended(b, path, p, &r.cur)
+					return false
+				}
 				qp.respError(b, path, DropAccess, syndromeFor(st), statusFor(st))
 				return false
 			}
@@ -195,13 +207,24 @@ func (qp *QP) execWrite(p *wire.Packet, path *path, b *txBatch) bool {
 	}
 	if n > 0 {
 		st := e.Write(&r.cur, p.Payload)
-		if st == placement.WouldFault {
+		for tries := 0; st == placement.WouldFault; tries++ {
+			// An invalidation may clear the page again between the fault
+			// and the copy: fault again, a bounded number of times, then
+			// let the requester back off.
+			if tries == maxFaultTries {
+				qp.retryLater(b, path, p, &r.cur)
+				return false
+			}
 			if st = qp.pageFault(b, path, p, &r.cur, n); st == placement.WouldFault {
 				return false // RNR NAK sent; the packet comes again
 			}
 			if st == placement.OK {
 				st = e.Write(&r.cur, p.Payload)
 			}
+		}
+		if st == placement.Suspended {
+			qp.placementSuspended(b, path, p, &r.cur)
+			return false
 		}
 		if st != placement.OK {
 			e.End(&r.cur)
@@ -233,7 +256,13 @@ func (qp *QP) execWrite(p *wire.Packet, path *path, b *txBatch) bool {
 func (qp *QP) pageFault(b *txBatch, path *path, p *wire.Packet, c *placement.Cursor, n uint64) placement.Status {
 	e := qp.dev.place
 	if qp.dev.policy == FaultRNR {
-		if st := e.FaultCursorAsync(c, n, maxAsyncFaultBytes, qp.pd); st != placement.WouldFault {
+		ahead := uint64(maxAsyncFaultBytes)
+		if lim := e.Budget().Limit(); lim > 0 {
+			// Fault ahead at most half the page budget: more would evict
+			// its own first pages before the retry places them.
+			ahead = min(ahead, uint64(lim)*pagetable.PageSize/2)
+		}
+		if st := e.FaultCursorAsync(c, n, ahead, qp.pd); st != placement.WouldFault {
 			qp.dev.counters.ODPFaultErrs.Add(1)
 			return st
 		}
@@ -252,6 +281,21 @@ func (qp *QP) pageFault(b *txBatch, path *path, p *wire.Packet, c *placement.Cur
 		qp.dev.counters.ODPFaultErrs.Add(1)
 	}
 	return st
+}
+
+// maxFaultTries bounds how often the sync policy faults a packet's pages
+// in again when an invalidation clears them before the copy; past it the
+// packet gets an RNR NAK.
+const maxFaultTries = 16
+
+// retryLater answers a packet whose pages keep being invalidated with an
+// RNR NAK (ending the cursor a FIRST packet began), so that the requester
+// backs off and retries.
+func (qp *QP) retryLater(b *txBatch, path *path, p *wire.Packet, c *placement.Cursor) {
+	if c != nil && p.Info.Mask&wire.MaskFirst != 0 && c.Busy() {
+		qp.dev.place.End(c)
+	}
+	qp.odpRNR(b, path, p.PSN())
 }
 
 // maxAsyncFaultBytes bounds what one background fault of the rnr policy
@@ -339,10 +383,11 @@ func (qp *QP) sendReadResponses(b *txBatch, path *path, psn wire.PSN, va uint64,
 		}
 		if n > 0 {
 			st := e.Read(&r.readCur, buf[info.Length:info.Length+int(n)])
-			if st == placement.WouldFault {
+			for tries := 0; st == placement.WouldFault && tries < maxFaultTries; tries++ {
 				// READ faults are resolved inline under both policies:
 				// the responses are generated here, and an RNR NAK does
-				// not answer a READ (IBTA 9.7.5.2.8).
+				// not answer a READ (IBTA 9.7.5.2.8). A page invalidated
+				// again before the copy is faulted again.
 				qp.dev.counters.ODPSyncFaults.Add(1)
 				qp.dev.reader.Quiesce()
 				if st = e.FaultCursor(&r.readCur, n); st == placement.OK {
@@ -377,7 +422,7 @@ func (qp *QP) execAtomic(p *wire.Packet, path *path, b *txBatch) {
 	if p.Opcode() == wire.OpCompareSwap {
 		op = placement.CmpSwap
 	}
-	orig, st := qp.dev.place.Atomic(qp.pd, a.RKey(), a.VA(), op, a.SwapAdd(), a.Compare())
+	orig, st := qp.dev.place.AtomicQP(qp.pd, uint32(qp.qpn), a.RKey(), a.VA(), op, a.SwapAdd(), a.Compare())
 	if st == placement.WouldFault {
 		if qp.dev.policy == FaultRNR {
 			if qp.dev.place.ResolvableRemote(qp.pd, a.RKey(), a.VA(), 8, true) {
@@ -389,13 +434,23 @@ func (qp *QP) execAtomic(p *wire.Packet, path *path, b *txBatch) {
 			qp.respError(b, path, DropAccess, wire.SyndromeNAKRemoteAccess, WCRemAccessErr)
 			return
 		}
-		qp.dev.counters.ODPSyncFaults.Add(1)
-		qp.dev.reader.Quiesce()
-		if st = qp.dev.place.FaultRemote(qp.pd, a.RKey(), a.VA(), 8, true); st == placement.OK {
-			orig, st = qp.dev.place.Atomic(qp.pd, a.RKey(), a.VA(), op, a.SwapAdd(), a.Compare())
-		} else {
-			qp.dev.counters.ODPFaultErrs.Add(1)
+		for tries := 0; st == placement.WouldFault; tries++ {
+			if tries == maxFaultTries {
+				qp.retryLater(b, path, p, nil)
+				return
+			}
+			qp.dev.counters.ODPSyncFaults.Add(1)
+			qp.dev.reader.Quiesce()
+			if st = qp.dev.place.FaultRemote(qp.pd, a.RKey(), a.VA(), 8, true); st == placement.OK {
+				orig, st = qp.dev.place.AtomicQP(qp.pd, uint32(qp.qpn), a.RKey(), a.VA(), op, a.SwapAdd(), a.Compare())
+			} else {
+				qp.dev.counters.ODPFaultErrs.Add(1)
+			}
 		}
+	}
+	if st == placement.Suspended {
+		qp.placementSuspended(b, path, p, nil)
+		return
 	}
 	if st != placement.OK {
 		qp.respError(b, path, DropAccess, syndromeFor(st), statusFor(st))

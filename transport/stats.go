@@ -52,6 +52,7 @@ const (
 	DropWrongAddress                        // source address is not the QP's peer
 	DropDuplicateResponse                   // ACK or response for a PSN already acknowledged
 	DropStaleDuplicate                      // duplicate READ/atomic request older than the saved resources
+	DropSuspended                           // placement paused: RNR-NAKed or not held (queue full, or a response under the nak policy)
 	NumDropReasons
 )
 
@@ -59,6 +60,7 @@ var dropNames = [NumDropReasons]string{
 	"bad_icrc", "malformed", "unknown_opcode", "unknown_qpn", "bad_qp_state",
 	"psn_out_of_window", "ghost_response", "bad_pkey", "too_long", "rnr", "opcode_out_of_seq",
 	"length_error", "access_error", "wrong_address", "duplicate_response", "stale_duplicate",
+	"suspended",
 }
 
 func (r DropReason) String() string {

@@ -100,6 +100,7 @@ const (
 	WCFetchAdd        WCOpcode = 4
 	WCBindMW          WCOpcode = 5
 	WCLocalInv        WCOpcode = 6
+	WCRegMR           WCOpcode = 10 // kernel IB_WC_REG_MR (libibverbs has no REG_MR)
 	WCRecv            WCOpcode = 128
 	WCRecvRDMAWithImm WCOpcode = 129
 )
@@ -119,12 +120,19 @@ const (
 	WRLocalInv          WROpcode = 7
 	WRBindMW            WROpcode = 8
 	WRSendWithInv       WROpcode = 9
+	// WRRegMR is the kernel's IB_WR_REG_MR (0x20): fast registration of
+	// an MR of AllocMR. libibverbs has no such opcode (userspace FRWR does
+	// not exist in rdma-core); softrdma offers it as the kernel does.
+	WRRegMR WROpcode = 0x20
 )
 
 var wrOpcodeNames = [...]string{"RDMA_WRITE", "RDMA_WRITE_WITH_IMM", "SEND", "SEND_WITH_IMM",
 	"RDMA_READ", "ATOMIC_CMP_AND_SWP", "ATOMIC_FETCH_AND_ADD", "LOCAL_INV", "BIND_MW", "SEND_WITH_INV"}
 
 func (o WROpcode) String() string {
+	if o == WRRegMR {
+		return "REG_MR"
+	}
 	if int(o) < len(wrOpcodeNames) {
 		return wrOpcodeNames[o]
 	}
@@ -168,7 +176,9 @@ type SendWR struct {
 	CompareAdd uint64 // atomic: compare (CMP_AND_SWP) or add (FETCH_AND_ADD) operand
 	Swap       uint64 // atomic: swap operand
 	ImmData    uint32 // WITH_IMM: immediate data, host order as the application means it
-	InvRKey    uint32 // SEND_WITH_INV: the rkey the responder invalidates
+	InvRKey    uint32 // SEND_WITH_INV: the rkey the responder invalidates; LOCAL_INV: the key invalidated (invalidate_rkey)
+	Reg        RegWR  // REG_MR: the MR, its new key and rights (ib_reg_wr)
+	BindMW     MWBind // BIND_MW: the window, its new rkey and binding (ibv_send_wr.bind_mw)
 }
 
 // RecvWR is a receive work request (struct ibv_recv_wr).

@@ -151,6 +151,17 @@ func (c *UDPConn) setup(cfg Config) error {
 			err = fmt.Errorf("set IP_MTU_DISCOVER: %w", err)
 			return
 		}
+		if !c.is4 {
+			// RoCEv2 over IPv6 may carry a zero UDP checksum (Linux rxe
+			// sends it so; the ICRC protects the packet): RFC 6935/6936
+			// let a receiver accept it, and Linux does with
+			// UDP_NO_CHECK6_RX, else it drops every such datagram as a
+			// checksum error (Udp6InCsumErrors).
+			if err = unix.SetsockoptInt(s, unix.IPPROTO_UDP, unix.UDP_NO_CHECK6_RX, 1); err != nil {
+				err = fmt.Errorf("set UDP_NO_CHECK6_RX: %w", err)
+				return
+			}
+		}
 		c.rcvBuf = c.setBuffer(s, unix.SO_RCVBUFFORCE, unix.SO_RCVBUF, cfg.RcvBuf, "receive", "SO_RCVBUFFORCE", "rmem_max")
 		c.sndBuf = c.setBuffer(s, unix.SO_SNDBUFFORCE, unix.SO_SNDBUF, cfg.SndBuf, "send", "SO_SNDBUFFORCE", "wmem_max")
 		// UDP_SEGMENT is readable where the kernel implements UDP GSO

@@ -1,0 +1,193 @@
+package softrdma
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/softrdma/softrdma/placement"
+	"github.com/softrdma/softrdma/transport"
+)
+
+// Scope is how much traffic a pause of placement stops (placement.Scope):
+// ScopeMR, ScopeQPAllowed, ScopePD, ScopeDevice, narrowest first.
+type Scope = placement.Scope
+
+// Suspension scopes.
+const (
+	ScopeMR        = placement.ScopeMR
+	ScopeQPAllowed = placement.ScopeQPAllowed
+	ScopePD        = placement.ScopePD
+	ScopeDevice    = placement.ScopeDevice
+)
+
+// ParseScope parses "mr", "qp-allowed", "pd" or "device".
+func ParseScope(s string) (Scope, error) { return placement.ParseScope(s) }
+
+// PausePolicy is what happens to packets whose placement is paused:
+// PolicyHold (queued, replayed in order) or PolicyNAK (RNR NAK, the
+// requester backs off). See transport.PausePolicy.
+type PausePolicy = transport.PausePolicy
+
+// Pause policies.
+const (
+	PolicyHold = transport.PolicyHold
+	PolicyNAK  = transport.PolicyNAK
+)
+
+// ParsePausePolicy parses "hold" or "nak".
+func ParsePausePolicy(s string) (PausePolicy, error) { return transport.ParsePausePolicy(s) }
+
+// FinestScope returns the finest scope a profile can pause placement at:
+// ProfileODP pauses one MR (ScopeMR), as an ODP-capable NIC can by
+// invalidating one key's translations; ProfileT3 pauses a whole PD, as the
+// Chelsio T3 had to; ProfileCoarse pauses the device.
+func (p Profile) FinestScope() Scope {
+	switch p {
+	case ProfileT3:
+		return ScopePD
+	case ProfileCoarse:
+		return ScopeDevice
+	}
+	return ScopeMR
+}
+
+// widen returns the scope a request at s gets on this device, and whether
+// it was widened.
+func (d *Device) widen(s Scope) (Scope, bool) {
+	if f := d.profile.FinestScope(); s < f {
+		return f, true
+	}
+	return s, false
+}
+
+// Suspension is placement paused at a scope (Device.Suspend).
+type Suspension struct {
+	s         *transport.Suspension
+	Requested Scope // the scope asked for
+	Scope     Scope // the scope in force (wider when the device cannot express the request)
+	Widened   bool
+}
+
+// Suspend pauses placement at scope for mr, with policy for the paused
+// packets, and returns once no placement it covers is in flight. A scope
+// finer than the profile's FinestScope is widened to it and reported as
+// widened. Every scope pauses writes into mr itself; ScopeQPAllowed also
+// pauses the QPs the rkey was declared advertised to (AdvertiseRKey; none
+// declared: every QP of mr's PD), ScopePD every QP of mr's PD, ScopeDevice
+// every QP (mr may then be nil). Errors: an invalid scope or policy, a nil
+// MR for another scope, an MR already suspended or deregistered (EINVAL).
+func (d *Device) Suspend(scope Scope, mr *MR, policy PausePolicy) (*Suspension, error) {
+	if !scope.Valid() {
+		return nil, fmt.Errorf("softrdma: suspend: scope %v: %w", scope, placement.ErrInvalid)
+	}
+	eff, widened := d.widen(scope)
+	if mr == nil && eff != ScopeDevice {
+		return nil, fmt.Errorf("softrdma: suspend at scope %v: nil MR: %w", scope, placement.ErrInvalid)
+	}
+	s, err := d.t.Suspend(eff, mr, policy)
+	if err != nil {
+		return nil, fmt.Errorf("softrdma: suspend: %w", err)
+	}
+	return &Suspension{s: s, Requested: scope, Scope: eff, Widened: widened}, nil
+}
+
+// Resume ends a suspension; the held packets are replayed in order. It
+// reports the packets held, NAKed and dropped, the bytes delayed and the
+// QPs paused.
+func (d *Device) Resume(s *Suspension) (transport.SuspendReport, error) {
+	if s == nil {
+		return transport.SuspendReport{}, fmt.Errorf("softrdma: resume: nil suspension: %w", placement.ErrInvalid)
+	}
+	return d.t.Resume(s.s)
+}
+
+// AdvertiseRKey declares that mr's rkey was given to the peer of qp: the
+// QPs so declared are what ScopeQPAllowed pauses.
+func (d *Device) AdvertiseRKey(mr *MR, qp *QP) { mr.Advertise(uint32(qp.QPN())) }
+
+// RemapReport is what one remap cost (Device.Remap).
+type RemapReport struct {
+	Requested, Scope Scope
+	Widened          bool
+	Policy           PausePolicy
+	PrecopyUs        float64 // pre-copy of every page, traffic flowing (µs)
+	CriticalUs       float64 // from the pause to the resume (µs)
+	PagesMoved       int     // pages switched to new frames
+	PagesRecopied    int     // pages written during the pre-copy, copied again in the critical section
+	QPsPaused        int     // QPs that had a packet held or NAKed
+	PacketsHeld      uint64
+	PacketsNAKed     uint64
+	PacketsDropped   uint64
+	BytesDelayed     uint64 // payload bytes of the packets held or NAKed
+}
+
+// Remap moves mr's pages to new frames while traffic runs (the remap
+// protocol): dirty tracking and a pre-copy of every page with traffic
+// flowing; then the critical section — placement paused at scope (widened
+// to the device's finest, and always including mr itself), the placements
+// in flight waited for, the pages dirtied meanwhile copied again, the
+// application's mapping (mmap MAP_FIXED onto the new frames) and the NIC's
+// translation switched — and resume; the held packets are replayed. It
+// works for pinned MRs and explicit ODP MRs on the device's AddressSpace.
+// The application must not itself write mr's pages during the remap.
+//
+// Errors: placement.ErrNotRemappable (memory not of the address space, an
+// implicit ODP MR), an invalid scope or policy, a deregistered MR; the
+// host's (frame pool exhausted, pages freed). On error the MR keeps its
+// frames and its data.
+func (d *Device) Remap(mr *MR, scope Scope, policy PausePolicy) (RemapReport, error) {
+	if !scope.Valid() {
+		return RemapReport{}, fmt.Errorf("softrdma: remap: scope %v: %w", scope, placement.ErrInvalid)
+	}
+	if policy > PolicyNAK {
+		return RemapReport{}, fmt.Errorf("softrdma: remap: policy %d: %w", policy, placement.ErrInvalid)
+	}
+	d.remapMu.Lock()
+	defer d.remapMu.Unlock()
+	rm, err := d.place.PrepareRemap(mr)
+	if err != nil {
+		return RemapReport{}, fmt.Errorf("softrdma: remap: %w", err)
+	}
+	start := time.Now()
+	s, err := d.Suspend(scope, mr, policy)
+	if err != nil {
+		rm.Abort()
+		return RemapReport{}, fmt.Errorf("softrdma: remap: %w", err)
+	}
+	cerr := rm.Commit()
+	sr, rerr := d.Resume(s)
+	crit := time.Since(start)
+	if cerr != nil {
+		rm.Abort()
+		return RemapReport{}, fmt.Errorf("softrdma: remap: %w", cerr)
+	}
+	rm.Release()
+	rep := RemapReport{
+		Requested: scope, Scope: s.Scope, Widened: s.Widened, Policy: policy,
+		PrecopyUs: float64(rm.Precopy.Nanoseconds()) / 1e3, CriticalUs: float64(crit.Nanoseconds()) / 1e3,
+		PagesMoved: rm.Pages, PagesRecopied: rm.Recopied, QPsPaused: sr.QPsPaused,
+		PacketsHeld: sr.Held, PacketsNAKed: sr.NAKed, PacketsDropped: sr.Dropped, BytesDelayed: sr.BytesDelayed,
+	}
+	if rerr != nil {
+		return rep, fmt.Errorf("softrdma: remap: resume: %w", rerr)
+	}
+	return rep, nil
+}
+
+// RemapRange remaps the MR that covers [addr, addr+length) (Remap of the
+// whole MR). Errors: no MR of the device covers the range (EINVAL), more
+// than one does (EINVAL: remap each), and those of Remap.
+func (d *Device) RemapRange(addr, length uint64, scope Scope, policy PausePolicy) (RemapReport, error) {
+	mrs := d.place.MRsCovering(addr, length)
+	switch len(mrs) {
+	case 0:
+		return RemapReport{}, fmt.Errorf("softrdma: remap [%#x, +%d): no MR covers the range: %w", addr, length, placement.ErrInvalid)
+	case 1:
+		return d.Remap(mrs[0], scope, policy)
+	}
+	return RemapReport{}, fmt.Errorf("softrdma: remap [%#x, +%d): %d MRs cover the range: %w", addr, length, len(mrs), placement.ErrInvalid)
+}
+
+// SuspendCounters returns the device's counts of paused packets (held,
+// NAKed, dropped, bytes delayed) since it was opened.
+func (d *Device) SuspendCounters() transport.SuspendCounters { return d.t.SuspendCounters() }
