@@ -73,6 +73,11 @@ type Device struct {
 	profile Profile
 	odp     odpState
 	remapMu sync.Mutex // one remap at a time
+
+	pressure struct {
+		sync.Mutex
+		h func(PressureRequest) PressureAnswer
+	}
 }
 
 // Open creates a device bound to cfg.Addr (ibv_open_device). Errors: the

@@ -55,7 +55,7 @@ var processPinned atomic.Int64
 //
 // A PinAccount is safe for concurrent use.
 type PinAccount struct {
-	limit int64 // configured limit in bytes; 0: the RLIMIT_MEMLOCK rule
+	limit atomic.Int64 // configured limit in bytes; 0: the RLIMIT_MEMLOCK rule
 
 	mu struct {
 		sync.Mutex
@@ -70,7 +70,19 @@ func NewPinAccount(limit int64) *PinAccount {
 	if limit < 0 {
 		limit = 0
 	}
-	return &PinAccount{limit: limit}
+	a := &PinAccount{}
+	a.limit.Store(limit)
+	return a
+}
+
+// SetLimit changes the configured limit at run time (0: the RLIMIT_MEMLOCK
+// rule). Lowering it below what is pinned unpins nothing: later charges
+// fail until enough is released (the memory-pressure upcall asks the
+// application for it).
+func (a *PinAccount) SetLimit(limit int64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.limit.Store(max(limit, 0))
 }
 
 // Pinned returns the bytes currently charged to the account.
@@ -90,8 +102,8 @@ func (a *PinAccount) Peak() int64 {
 // Limit returns the limit in force for this account now: the configured one,
 // else RLIMIT_MEMLOCK when the process lacks CAP_IPC_LOCK, else -1 (none).
 func (a *PinAccount) Limit() int64 {
-	if a.limit > 0 {
-		return a.limit
+	if l := a.limit.Load(); l > 0 {
+		return l
 	}
 	if lim, ok := memlockLimit(); ok {
 		return lim
@@ -103,11 +115,12 @@ func (a *PinAccount) Limit() int64 {
 func (a *PinAccount) charge(n int64) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.limit > 0 && a.mu.pinned+n > a.limit {
-		return &PinLimitError{Request: n, Pinned: a.mu.pinned, Limit: a.limit}
+	limit := a.limit.Load()
+	if limit > 0 && a.mu.pinned+n > limit {
+		return &PinLimitError{Request: n, Pinned: a.mu.pinned, Limit: limit}
 	}
 	total := processPinned.Add(n)
-	if a.limit == 0 {
+	if limit == 0 {
 		if lim, ok := memlockLimit(); ok && total > lim {
 			processPinned.Add(-n)
 			return &PinLimitError{Request: n, Pinned: total - n, Limit: lim, Rlimit: true}

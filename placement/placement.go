@@ -80,6 +80,10 @@ func New(cfg Config) *Engine {
 // PinnedBytes returns the bytes the device has pinned.
 func (e *Engine) PinnedBytes() int64 { return e.pins.Pinned() }
 
+// Pins returns the device's pin account (its limit can be changed at run
+// time).
+func (e *Engine) Pins() *hostmem.PinAccount { return e.pins }
+
 // PinLimit returns the pin limit in force (-1: none); see Config.PinLimit.
 func (e *Engine) PinLimit() int64 { return e.pins.Limit() }
 
