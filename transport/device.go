@@ -71,6 +71,12 @@ type Device struct {
 	policy   FaultPolicy
 	susp     suspendState
 
+	// closing asks the receive loop to send its pending ACKs before Close
+	// closes the socket; it closes acksFlushed when it has.
+	closing         atomic.Bool
+	acksFlushed     chan struct{}
+	acksFlushedOnce sync.Once
+
 	qps struct {
 		sync.Mutex
 		next uint32 // next QPN to try; guarded
@@ -101,12 +107,13 @@ func NewDevice(cfg Config) (*Device, error) {
 		return nil, errors.New("transport: Config needs Conn and Placement")
 	}
 	d := &Device{
-		conn:     cfg.Conn,
-		place:    cfg.Placement,
-		logf:     cfg.Logf,
-		policy:   cfg.FaultPolicy,
-		runqWake: make(chan struct{}, 1),
-		done:     make(chan struct{}),
+		conn:        cfg.Conn,
+		place:       cfg.Placement,
+		logf:        cfg.Logf,
+		policy:      cfg.FaultPolicy,
+		runqWake:    make(chan struct{}, 1),
+		done:        make(chan struct{}),
+		acksFlushed: make(chan struct{}),
 	}
 	if d.logf == nil {
 		d.logf = func(string, ...any) {}
@@ -162,6 +169,18 @@ func (d *Device) LocalAddr() netip.AddrPort { return d.conn.LocalAddr() }
 func (d *Device) Close() error {
 	if d.closed.Swap(true) {
 		return nil
+	}
+	// ACKs are coalesced per receive batch and sent at its end, after the
+	// completions of the batch are visible: an application that polls its
+	// last completion and closes at once must not leave the peer
+	// retrying a request we executed. The receive loop sends what is
+	// pending before the socket closes (bounded wait: a loop stuck in a
+	// long page fault does not hold Close up).
+	d.closing.Store(true)
+	d.conn.Wake()
+	select {
+	case <-d.acksFlushed:
+	case <-time.After(100 * time.Millisecond):
 	}
 	for i := range d.qpTable {
 		if qp := d.qpTable[i].Load(); qp != nil {
@@ -328,6 +347,13 @@ func (d *Device) rxLoop() {
 		if d.susp.replay.Swap(false) {
 			// A suspension ended: the packets it held go first.
 			d.replayHeld(&p)
+		}
+		if d.closing.Load() && n == 0 {
+			d.flushAcks()
+			d.rxTx.flush()
+			d.reader.Quiesce()
+			d.acksFlushedOnce.Do(func() { close(d.acksFlushed) })
+			continue
 		}
 		for i := range n {
 			d.handle(&pkts[i], &p)

@@ -348,3 +348,26 @@ func TestModifyRejectsNilAttrAndClosedDevice(t *testing.T) {
 	err := r.qp.Modify(&QPAttr{State: QPStateInit, Port: 1}, QPAttrState|QPAttrPort|QPAttrPKeyIndex|QPAttrAccessFlags)
 	require.ErrorIs(t, err, ErrClosed)
 }
+
+// TestCloseSendsPendingACK: the ACK of a request is coalesced until the end
+// of the receive batch, after the request's completion is visible. If the
+// application closes the device in between (it saw its last completion),
+// Close must still send the ACK, or the peer retries a request we executed
+// against a device that is gone.
+func TestCloseSendsPendingACK(t *testing.T) {
+	r := newResponderRig(t)
+	_, err := r.qp.PostRecv(RecvWR{WRID: 7, SGL: []SGE{{Addr: r.mr.Addr(), Length: 64, LKey: r.mr.LKey()}}})
+	require.NoError(t, err)
+	// The rig plays the receive loop: handle the SEND, but stop before the
+	// end-of-batch ACK flush.
+	r.d.handle(&conn.Packet{Buf: r.build(wire.OpSendOnly, 1000, make([]byte, 16), true, nil), Addr: r.from}, &r.pkt)
+	r.d.reader.Quiesce()
+	wcs := make([]WC, 1)
+	n, _ := r.cq.Poll(wcs)
+	require.Equal(t, 1, n, "the receive completed")
+	require.NoError(t, r.d.Close())
+	op, syn, psn := r.answer()
+	require.Equal(t, wire.OpAcknowledge, op)
+	require.Equal(t, wire.TypeACK, syn.Type())
+	require.Equal(t, wire.PSN(1000), psn)
+}
