@@ -154,6 +154,13 @@ func (qp *QP) onAETH(syn wire.Syndrome, psn wire.PSN) bool {
 		if c.nakRetryPending && !psn.Before(c.nakRetryPSN) {
 			c.nakRetryPending = false
 		}
+		if c.rnrWait && !psn.Before(c.rnrPSN) {
+			// The responder accepted the packet it had RNR-NAKed (a
+			// retransmission that crossed the NAK): the back-off is moot.
+			// progress re-arms the timer for what is still outstanding.
+			c.rnrWait = false
+			defer qp.dev.kick(qp)
+		}
 		if !qp.ackUpTo(psn) {
 			return qp.retry()
 		}
@@ -177,6 +184,7 @@ func (qp *QP) onAETH(syn wire.Syndrome, psn wire.PSN) bool {
 			c.rnrRetry--
 		}
 		c.rnrWait = true
+		c.rnrPSN = psn
 		qp.armTimer(timeDuration(wire.RNRTimerNanoseconds(syn.Value())))
 		return false
 	case wire.TypeNAK:
@@ -356,6 +364,10 @@ func (qp *QP) progress() {
 			qp.comp.timerArmed = false
 			qp.timer.Stop()
 		}
+		// Nothing outstanding: no RNR wait can be pending either (the
+		// stopped timer would never end it, and the next WR would wait
+		// forever).
+		qp.comp.rnrWait = false
 		return
 	}
 	qp.armTimer(qp.timeoutDuration())

@@ -226,6 +226,7 @@ type compState struct {
 	retryCnt uint8     // retries left (7 = forever)
 	rnrRetry uint8     // RNR retries left (7 = forever)
 	rnrWait  bool      // waiting for the RNR timer
+	rnrPSN   wire.PSN  // the PSN the RNR NAK named
 	deadline time.Time // when the armed timer expires without progress
 	// readRetryPending: a READ re-request was sent and the responses of
 	// the earlier stream, up to readRetryUntil, may still arrive.

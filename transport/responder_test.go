@@ -371,3 +371,36 @@ func TestCloseSendsPendingACK(t *testing.T) {
 	require.Equal(t, wire.TypeACK, syn.Type())
 	require.Equal(t, wire.PSN(1000), psn)
 }
+
+// TestRNRWaitEndsWithACK: an RNR NAK for a request and then an ACK that
+// covers it (the responder accepted a retransmission that crossed the NAK)
+// end the RNR wait: the next work request goes out at once. (The wait used
+// to outlive the ACK with its timer stopped, so the next request was never
+// sent.)
+func TestRNRWaitEndsWithACK(t *testing.T) {
+	r := newResponderRig(t)
+	post := func(id uint64) {
+		_, err := r.qp.PostSend(SendWR{WRID: id, Opcode: WRRDMAWrite, Flags: SendSignaled,
+			SGL: []SGE{{Addr: r.mr.Addr(), Length: 8, LKey: r.mr.LKey()}}, RemoteAddr: 0x1000, RKey: 0x1234})
+		require.NoError(t, err)
+	}
+	ack := func(syn wire.Syndrome, psn wire.PSN) {
+		r.deliver(r.build(wire.OpAcknowledge, psn, nil, false, func(b []byte, info *wire.OpInfo) {
+			wire.AETH(b[info.Offset[wire.HdrAETH]:]).Encode(syn, 0)
+		}))
+	}
+	post(1)
+	op, _, psn := r.answer()
+	require.Equal(t, wire.OpRDMAWriteOnly, op)
+	require.Equal(t, wire.PSN(5000), psn)
+	ack(wire.RNRNAK(1), 5000)
+	ack(wire.SyndromeACK, 5000)
+	wcs := make([]WC, 1)
+	n, _ := r.cq.Poll(wcs)
+	require.Equal(t, 1, n)
+	require.Equal(t, WCSuccess, wcs[0].Status)
+	post(2)
+	op, _, psn = r.answer()
+	require.Equal(t, wire.OpRDMAWriteOnly, op)
+	require.Equal(t, wire.PSN(5001), psn, "the next request is sent")
+}
