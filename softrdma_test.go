@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
+	"net/netip"
 	"os"
 	"runtime"
 	"strings"
@@ -307,4 +308,16 @@ func TestCQOverrunRaisesError(t *testing.T) {
 		_, err := p.A.CQ.Poll(make([]softrdma.WC, 4))
 		require.ErrorIs(t, err, softrdma.ErrCQOverrun)
 	})
+}
+
+// TestConnectWrongFamily: an IPv4 device cannot reach an IPv6 peer: the
+// modify to RTR fails at once with an error naming both, instead of every
+// packet failing to send.
+func TestConnectWrongFamily(t *testing.T) {
+	p := softrdmatest.NewPair(t, softrdmatest.Options{NoPcap: true})
+	qp, err := p.A.Dev.CreateQP(p.A.PD, softrdma.QPInitAttr{SendCQ: p.A.CQ, RecvCQ: p.A.CQ, Type: softrdma.QPTypeRC,
+		Cap: softrdma.Cap{MaxSendWR: 4, MaxRecvWR: 4, MaxSendSGE: 1, MaxRecvSGE: 1}})
+	require.NoError(t, err)
+	err = softrdma.Connect(qp, softrdma.Endpoint{Addr: netip.MustParseAddrPort("[::1]:4791"), QPN: 0x11, PSN: 1}, 1, softrdma.ConnectOptions{})
+	require.ErrorContains(t, err, "is IPv6 but the device is bound to 127.0.0.1")
 }

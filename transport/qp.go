@@ -342,6 +342,16 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 	if mask&QPAttrAV != 0 && !attr.Dest.Addr().IsValid() {
 		return fmt.Errorf("%w: address vector has no destination address", ErrBadAttr)
 	}
+	if mask&QPAttrAV != 0 {
+		// A device speaks one IP family (its GID's): an IPv4 destination
+		// (or IPv4-mapped GID) cannot be reached from an IPv6 device and
+		// the other way round (rxe: no route / EINVAL on modify).
+		local := qp.dev.conn.LocalAddr().Addr()
+		if dst := attr.Dest.Addr().Unmap(); dst.Is4() != local.Unmap().Is4() {
+			return fmt.Errorf("%w: destination %v is %s but the device is bound to %v", ErrBadAttr,
+				attr.Dest, map[bool]string{true: "IPv4", false: "IPv6"}[dst.Is4()], local)
+		}
+	}
 	if mask&QPAttrRetryCnt != 0 && attr.RetryCnt > 7 || mask&QPAttrRNRRetry != 0 && attr.RNRRetry > 7 {
 		return fmt.Errorf("%w: retry_cnt and rnr_retry are 3-bit values (0-7)", ErrBadAttr)
 	}
