@@ -21,6 +21,7 @@ type cli struct {
 	Demo     demoCmd `cmd:"" help:"Two emulated hosts in this process move a file by WRITE, READ and SEND and check it."`
 	Dump     dumpCmd `cmd:"" help:"Print a pcap or pcapng of RoCEv2 traffic one packet a line, as the tests decode it (opcode, QPN, PSN, headers, CM MADs, ICRC)."`
 	Pingpong pingCmd `cmd:"" name:"rc-pingpong" help:"SEND/RECV ping-pong compatible with ibv_rc_pingpong (its TCP exchange, byte for byte)."`
+	Bench    expCmd  `cmd:"" help:"Experiments: bench scopes (remaps at each suspension scope and pause policy, against runs without remaps)."`
 }
 
 // toolCmd holds the flags of the perftest-style tools. Names are

@@ -72,6 +72,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if cmd == "rc-pingpong" {
 		return c.Pingpong.run(ctx, stdout, stderr)
 	}
+	if cmd == "bench" {
+		return c.Bench.Scopes.run(ctx, stdout, stderr)
+	}
 	test, err := perf.ParseTest(cmd)
 	if err != nil {
 		fmt.Fprintf(stderr, "softrdma: %v\n", err)

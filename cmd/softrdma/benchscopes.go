@@ -1,0 +1,142 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/softrdma/softrdma"
+	"github.com/softrdma/softrdma/bench/scopes"
+)
+
+// expCmd holds the experiments of `softrdma bench` (its name kept short
+// so that the cli struct's columns stay aligned).
+type expCmd struct {
+	Scopes benchScopesCmd `cmd:"" help:"The scope experiment: N QPs stream RDMA WRITEs into M MRs in P PDs while MR 0 is remapped every T ms, at each suspension scope and pause policy; prints the critical section, the QPs paused, the bytes delayed and the throughput of the QPs that do not touch the remapped MR against runs without remaps (see docs/scopes.md)."`
+}
+
+// benchScopesCmd holds the flags of `softrdma bench scopes`
+// (scopes.Config).
+type benchScopesCmd struct {
+	QPs         int           `short:"q" name:"qps" default:"8" help:"N: RC QPs, QP i writing MR i mod M."`
+	MRs         int           `name:"mrs" default:"4" help:"M: MRs on the responder, MR j in PD j mod P; MR 0 is remapped."`
+	PDs         int           `name:"pds" default:"2" help:"P: protection domains on the responder."`
+	MRSize      byteSize      `name:"mr-size" default:"1M" help:"Bytes per MR (whole pages; K, M suffixes)."`
+	Size        byteSize      `short:"s" name:"size" default:"16K" help:"Bytes per RDMA WRITE."`
+	Window      int           `short:"t" name:"tx-depth" default:"8" help:"WRITEs outstanding per QP."`
+	Duration    time.Duration `short:"D" name:"duration" default:"500ms" help:"Time each scope × policy runs with remaps; it runs as long again without, in interleaved slices."`
+	Slice       time.Duration `name:"slice" default:"100ms" help:"Length of one slice with or without remaps (ABBA order)."`
+	Settle      time.Duration `name:"settle" default:"10ms" help:"Traffic not counted at the start of each slice."`
+	Period      time.Duration `short:"T" name:"period" default:"10ms" help:"T: a remap of MR 0 starts every T."`
+	Scope       []string      `name:"scope" default:"mr,qp-allowed,pd,device" help:"Scopes to run (mr, qp-allowed, pd, device), comma-separated."`
+	Policy      []string      `name:"policy" default:"hold,nak" help:"Pause policies to run (hold, nak), comma-separated."`
+	Profile     string        `name:"profile" default:"odp" enum:"odp,t3,coarse" help:"Responder's device profile: odp (finest scope mr), t3 (pd), coarse (device)."`
+	MRKind      string        `name:"mr-kind" default:"pinned" enum:"pinned,odp" help:"Register the MRs pinned or on demand (ODP)."`
+	NoAdvertise bool          `name:"no-advertise" help:"Do not declare MR 0's rkey advertised to its writers: qp-allowed then pauses MR 0's whole PD."`
+	RNRTimer    uint8         `name:"rnr-timer" default:"12" help:"Encoded min_rnr_timer of the responder's QPs: the back-off after a pause's RNR NAK (12: 0.64 ms)."`
+	Controls    bool          `name:"controls" help:"Add two control runs: suspend-only (suspend MR 0 at mr scope and resume, no memory moved) and migrate-only (migrate an unrelated range of the same size, nothing paused)."`
+	Netns       bool          `name:"netns" help:"Put the two devices in two new network namespaces joined by a veth pair (needs root and iproute2)."`
+	CSV         string        `name:"csv" placeholder:"FILE" help:"Also write the results as CSV to FILE."`
+	JSON        bool          `name:"json" help:"Print the results as JSON instead of the table."`
+	Plot        string        `name:"plot" placeholder:"FILE.svg" help:"Also plot the results into FILE (.svg, .png or .pdf)."`
+}
+
+// config converts the flags.
+func (c *benchScopesCmd) config() (scopes.Config, error) {
+	cfg := scopes.Config{
+		QPs: c.QPs, MRs: c.MRs, PDs: c.PDs, MRSize: int(c.MRSize), MsgSize: int(c.Size), Window: c.Window,
+		Duration: c.Duration, Slice: min(c.Slice, c.Duration), Settle: c.Settle, Period: c.Period, Profile: softrdma.Profile(c.Profile),
+		Kind: scopes.MRKind(c.MRKind), NoAdvertise: c.NoAdvertise, RNRTimer: c.RNRTimer, Controls: c.Controls,
+	}
+	for _, s := range c.Scope {
+		sc, err := softrdma.ParseScope(s)
+		if err != nil {
+			return cfg, err
+		}
+		cfg.Scopes = append(cfg.Scopes, sc)
+	}
+	for _, s := range c.Policy {
+		if s != "hold" && s != "nak" {
+			return cfg, fmt.Errorf("--policy %q: hold or nak", s)
+		}
+		p, _ := softrdma.ParsePausePolicy(s)
+		cfg.Policies = append(cfg.Policies, p)
+	}
+	if c.Settle == 0 {
+		cfg.Settle = time.Nanosecond // 0 means the default in scopes.Config
+	}
+	if c.RNRTimer == 0 {
+		return cfg, fmt.Errorf("--rnr-timer 0 (655 ms) is not supported here: use 1-31")
+	}
+	cfg = cfg.WithDefaults()
+	return cfg, cfg.Validate()
+}
+
+// run runs the experiment and returns the exit code.
+func (c *benchScopesCmd) run(ctx context.Context, stdout, stderr io.Writer) int {
+	cfg, err := c.config()
+	if err != nil {
+		fmt.Fprintf(stderr, "softrdma: bench scopes: %v\n", err)
+		return exitUsage
+	}
+	cfg.Logf = func(format string, args ...any) { fmt.Fprintf(stderr, format+"\n", args...) }
+	if c.Netns {
+		n, err := scopes.NewNetns()
+		if err != nil {
+			fmt.Fprintf(stderr, "softrdma: bench scopes: --netns: %v\n", err)
+			return exitFail
+		}
+		defer func() {
+			if err := n.Close(); err != nil {
+				fmt.Fprintf(stderr, "softrdma: bench scopes: %v\n", err)
+			}
+		}()
+		cfg.Netns = n
+		fmt.Fprintf(stderr, "softrdma: bench scopes: device A in netns %s (%v), B in %s (%v), over a veth pair\n",
+			n.A, n.AddrA, n.B, n.AddrB)
+	}
+	rs, err := scopes.Run(ctx, cfg)
+	if err != nil {
+		fmt.Fprintf(stderr, "softrdma: bench scopes: %v\n", err)
+		return exitFail
+	}
+	if c.JSON {
+		err = scopes.WriteJSON(stdout, rs)
+	} else {
+		err = scopes.WriteTable(stdout, cfg, rs)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "softrdma: bench scopes: %v\n", err)
+		return exitFail
+	}
+	if c.CSV != "" {
+		if err := writeFile(c.CSV, func(w io.Writer) error { return scopes.WriteCSV(w, rs) }); err != nil {
+			fmt.Fprintf(stderr, "softrdma: bench scopes: %v\n", err)
+			return exitFail
+		}
+	}
+	if c.Plot != "" {
+		title := fmt.Sprintf("softrdma scope experiment (%s): %d QPs, %d MRs, %d PDs, %s MRs of %s, remap every %v",
+			cfg.Network(), cfg.QPs, cfg.MRs, cfg.PDs, cfg.Kind, fmt.Sprintf("%d KiB", cfg.MRSize>>10), cfg.Period)
+		if err := scopes.Plot(c.Plot, rs, title); err != nil {
+			fmt.Fprintf(stderr, "softrdma: bench scopes: %v\n", err)
+			return exitFail
+		}
+	}
+	return exitOK
+}
+
+// writeFile creates path and writes it with f.
+func writeFile(path string, f func(io.Writer) error) error {
+	w, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := f(w); err != nil {
+		w.Close()
+		return err
+	}
+	return w.Close()
+}
