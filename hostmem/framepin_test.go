@@ -163,9 +163,10 @@ func TestFramePinMigrate(t *testing.T) {
 		require.True(t, ok)
 		require.Equal(t, f, got)
 	}
-	require.Equal(t, 4, s.frames.pinnedFrames(), "only the new frames are pinned")
+	require.Equal(t, 8, s.frames.pinnedFrames(), "the old frames stay pinned (and locked) until Release, outside the critical section")
 	require.EqualValues(t, 4*PageSize, acct.Pinned(), "the charge does not change")
 	m.Release()
+	require.Equal(t, 4, s.frames.pinnedFrames(), "after Release only the new frames are pinned")
 
 	// A second pin on the same range: the owner may not move it.
 	fp2, err := s.Pin(acct, addr, len(b), true)

@@ -40,8 +40,11 @@ type Migration struct {
 	p     uintptr // first page
 	state migrationState
 	// pin is set for FramePin.PrepareMigrate: the frames may be pinned by
-	// it alone, and the pin moves with the pages.
-	pin *FramePin
+	// it alone, and the pin moves with the pages. newLocked are the new
+	// frames' locked runs (locked at PrepareMigrate); oldLocked, after
+	// Commit, the old frames' runs, unlocked and unpinned at Release.
+	pin                  *FramePin
+	newLocked, oldLocked []frameRun
 }
 
 type migrationState uint8
@@ -170,18 +173,11 @@ func (m *Migration) commit(copyDirty func(m *Migration) error) error {
 	if err := m.checkPins(); err != nil {
 		return err
 	}
-	var locked []frameRun
-	if m.pin != nil {
-		// Lock the new frames first: if that fails, nothing has changed.
-		var err error
-		if locked, err = m.pin.lockNew(m.New); err != nil {
-			return fmt.Errorf("hostmem: migrate pinned %#x+%d pages: %w", m.Addr, n, err)
-		}
-	}
 	unlockNew := func() {
 		if m.pin != nil {
-			_ = m.pin.unlockRuns(locked)
+			_ = m.pin.unlockRuns(m.newLocked)
 			s.frames.unpin(s, m.New)
+			m.newLocked = nil
 		}
 	}
 	inv := s.invalidateStart(Range{m.Addr, m.Addr + uint64(n)<<PageShift}, EventMigrate)
@@ -207,10 +203,8 @@ func (m *Migration) commit(copyDirty func(m *Migration) error) error {
 		s.pte(m.p + uintptr(i)).Store(uint64(f) + 1 | vals[i]&pteReadOnly | ptePopulated)
 	}
 	if m.pin != nil {
-		// munlock of the old frames can only fail for an address that is
-		// not mapped, which the NIC view always is; its error is not a
-		// reason to undo the migration.
-		_ = m.pin.moveTo(m.Old, m.New, locked)
+		m.oldLocked = m.pin.moveTo(m.New, m.newLocked)
+		m.newLocked = nil
 	}
 	return nil
 }
@@ -237,7 +231,13 @@ func (m *Migration) Abort() {
 		return
 	}
 	m.state = migrationAborted
-	if s := m.as; !s.closed.Load() {
+	s := m.as
+	if m.pin != nil && m.newLocked != nil {
+		_ = m.pin.unlockRuns(m.newLocked)
+		s.frames.unpin(s, m.New)
+		m.newLocked = nil
+	}
+	if !s.closed.Load() {
 		s.frames.release(s, m.New)
 	}
 }
@@ -250,7 +250,16 @@ func (m *Migration) Release() {
 		m.Abort()
 	case migrationCommitted:
 		m.state = migrationReleased
-		if s := m.as; !s.closed.Load() {
+		s := m.as
+		if m.pin != nil {
+			// The pin's old frames: unlocked and unpinned here, outside
+			// the critical section. munlock can only fail for an address
+			// that is not mapped, which the NIC view always is.
+			_ = m.pin.unlockRuns(m.oldLocked)
+			m.oldLocked = nil
+			s.frames.unpin(s, m.Old)
+		}
+		if !s.closed.Load() {
 			s.frames.release(s, m.Old)
 		}
 	}

@@ -93,6 +93,11 @@ type suspendState struct {
 
 	held, naked, dropped, bytes atomic.Uint64
 
+	// pausedQPs lists the QPs marked by markPaused since the last time
+	// no suspension was active.
+	pausedMu  sync.Mutex
+	pausedQPs []*QP
+
 	// The hold queue, owned by the receive loop.
 	q     []heldPkt
 	slots [][]byte
@@ -202,12 +207,31 @@ func (d *Device) Resume(s *Suspension) (SuspendReport, error) {
 		Held: now.Held - s.base.Held, NAKed: now.NAKed - s.base.NAKed,
 		Dropped: now.Dropped - s.base.Dropped, BytesDelayed: now.BytesDelayed - s.base.BytesDelayed,
 	}}
-	for i := range d.qpTable {
-		if qp := d.qpTable[i].Load(); qp != nil && qp.pausedGen.Load() >= s.gen {
+	d.susp.pausedMu.Lock()
+	for _, qp := range d.susp.pausedQPs {
+		if qp.pausedGen.Load() >= s.gen {
 			rep.QPsPaused++
 		}
 	}
+	if d.susp.active.Load() == 0 {
+		clear(d.susp.pausedQPs)
+		d.susp.pausedQPs = d.susp.pausedQPs[:0]
+	}
+	d.susp.pausedMu.Unlock()
 	return rep, err
+}
+
+// markPaused records that a suspension held or NAKed a packet of qp: the
+// QP carries the suspension's number and is listed once per number, so
+// that Resume counts the paused QPs without scanning the QP table.
+func (d *Device) markPaused(qp *QP) {
+	g := d.susp.gen.Load()
+	if qp.pausedGen.Swap(g) == g {
+		return
+	}
+	d.susp.pausedMu.Lock()
+	d.susp.pausedQPs = append(d.susp.pausedQPs, qp)
+	d.susp.pausedMu.Unlock()
 }
 
 // qpPaused reports whether a QP-scope suspension covers qp. Called by the
@@ -239,7 +263,7 @@ func (d *Device) qpPaused(qp *QP) bool {
 // PolicyNAK answer a request at the expected PSN with an RNR NAK and drop
 // the rest (they come again after the requester's back-off).
 func (d *Device) paused(qp *QP, pkt *conn.Packet, p *wire.Packet) {
-	qp.pausedGen.Store(d.susp.gen.Load())
+	d.markPaused(qp)
 	if PausePolicy(d.susp.policy.Load()) == PolicyNAK && qp.held == 0 {
 		if p.Info.Mask&wire.MaskReq != 0 && p.PSN() == qp.resp.ePSN {
 			qp.respMu.Lock()
@@ -257,7 +281,7 @@ func (d *Device) paused(qp *QP, pkt *conn.Packet, p *wire.Packet) {
 // hold copies the packet into the hold queue.
 func (d *Device) hold(qp *QP, pkt *conn.Packet, p *wire.Packet) {
 	s := &d.susp
-	qp.pausedGen.Store(s.gen.Load())
+	d.markPaused(qp)
 	if s.slots == nil {
 		s.slots = make([][]byte, HoldQueueLen)
 		for i := range s.slots {
@@ -326,7 +350,7 @@ func (qp *QP) pauseNAK(b *txBatch, path *path, p *wire.Packet) {
 // the packet.
 func (qp *QP) placementSuspended(b *txBatch, path *path, p *wire.Packet, c *placement.Cursor) {
 	d := qp.dev
-	qp.pausedGen.Store(d.susp.gen.Load())
+	d.markPaused(qp)
 	if c != nil && p.Info.Mask&wire.MaskFirst != 0 && c.Busy() {
 		d.place.End(c)
 	}
