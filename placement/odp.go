@@ -21,7 +21,7 @@ var (
 	// ErrFault is EFAULT (ibv_advise_mr(3)): a range outside the MR, an
 	// lkey that is invalid, not an ODP MR's, or without the write access
 	// PREFETCH_WRITE needs.
-	ErrFault = fmt.Errorf("bad address: %w", unix.EFAULT)
+	ErrFault error = unix.EFAULT
 	// ErrNoODP is EOPNOTSUPP (the kernel's ib_check_mr_access for
 	// IB_ACCESS_ON_DEMAND on a device without IBK_ON_DEMAND_PAGING): the
 	// device, as configured, does not support on-demand paging.
