@@ -275,26 +275,44 @@ func (t *ODP) check(first, count uint64, need Flags) Result {
 // one is not it copies nothing and returns 0 with NotPresent or
 // NoPermission (fault the range in with Fault, then call again), or
 // OutOfRange. It allocates nothing and takes no lock.
-func (t *ODP) CopyIn(iova uint64, src []byte) (int, Result) {
-	first, count, ok := t.pages(iova, uint64(len(src)))
+func (t *ODP) CopyIn(iova uint64, src []byte) (int, Result) { return t.copyPages(iova, src, true) }
+
+// CopyOut copies from the region at iova into dst (the NIC reads memory),
+// with the checks of CopyIn (present pages).
+func (t *ODP) CopyOut(iova uint64, dst []byte) (int, Result) { return t.copyPages(iova, dst, false) }
+
+// copyPages is CopyIn (write: b goes into the region) and CopyOut (b
+// receives the region's bytes), page by page inside the copy section.
+func (t *ODP) copyPages(iova uint64, b []byte, write bool) (int, Result) {
+	first, count, ok := t.pages(iova, uint64(len(b)))
 	if !ok {
-		if len(src) == 0 {
+		if len(b) == 0 {
 			return 0, OK
 		}
 		return 0, OutOfRange
 	}
+	need := Present
+	if write {
+		need |= Writable
+	}
 	ep := t.enter()
-	if r := t.check(first, count, Present|Writable); r != OK {
+	if r := t.check(first, count, need); r != OK {
 		t.exit(ep)
 		return 0, r
 	}
 	done := 0
 	in := (iova - t.base) & pageMask
-	track := t.track.Load()
-	for pg := first; done < len(src); pg++ {
+	dirty := write && t.track.Load()
+	for pg := first; done < len(b); pg++ {
 		e := t.entry(pg)
-		n := copy(unsafe.Slice((*byte)(unsafe.Add(unsafe.Pointer(e.frame.Load()), in)), PageSize-in), src[done:])
-		if track && Flags(e.flags.Load())&Dirty == 0 {
+		frame := unsafe.Slice((*byte)(unsafe.Add(unsafe.Pointer(e.frame.Load()), in)), PageSize-in)
+		var n int
+		if write {
+			n = copy(frame, b[done:])
+		} else {
+			n = copy(b[done:], frame)
+		}
+		if dirty && Flags(e.flags.Load())&Dirty == 0 {
 			e.flags.Or(uint32(Dirty))
 		}
 		done += n
@@ -340,33 +358,6 @@ func (t *ODP) DirtyPages(iova uint64, npages int) []int {
 		}
 	}
 	return out
-}
-
-// CopyOut copies from the region at iova into dst (the NIC reads memory),
-// with the checks of CopyIn (present pages).
-func (t *ODP) CopyOut(iova uint64, dst []byte) (int, Result) {
-	first, count, ok := t.pages(iova, uint64(len(dst)))
-	if !ok {
-		if len(dst) == 0 {
-			return 0, OK
-		}
-		return 0, OutOfRange
-	}
-	ep := t.enter()
-	if r := t.check(first, count, Present); r != OK {
-		t.exit(ep)
-		return 0, r
-	}
-	done := 0
-	in := (iova - t.base) & pageMask
-	for pg := first; done < len(dst); pg++ {
-		e := t.entry(pg)
-		n := copy(dst[done:], unsafe.Slice((*byte)(unsafe.Add(unsafe.Pointer(e.frame.Load()), in)), PageSize-in))
-		done += n
-		in = 0
-	}
-	t.exit(ep)
-	return done, OK
 }
 
 // Atomic64 runs op on the 64-bit word at iova (8-byte aligned: Misaligned
