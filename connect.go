@@ -62,11 +62,16 @@ func (o ConnectOptions) withDefaults() ConnectOptions {
 // Connect moves a QP from RESET through INIT and RTR to RTS towards
 // remote, with localPSN as its first send PSN: the three ibv_modify_qp
 // calls of ibv_rc_pingpong and perftest, with their required attributes
-// (IBTA Table 91). On error the QP is left in the state reached.
+// (IBTA Table 91). A UC QP gets UC's attributes only (ibv_uc_pingpong's
+// calls: no timeout, retries, RNR timer or READ/atomic credits). On error
+// the QP is left in the state reached.
 func Connect(qp *QP, remote Endpoint, localPSN PSN, o ConnectOptions) error {
 	o = o.withDefaults()
 	if remote.Addr.Port() == 0 {
 		remote.Addr = netip.AddrPortFrom(remote.Addr.Addr(), wire.RoCEv2Port)
+	}
+	if qp.Type() == QPTypeUC {
+		return connectUC(qp, remote, localPSN, o)
 	}
 	if err := qp.Modify(&QPAttr{State: QPStateInit, PKeyIndex: 0, Port: 1, AccessFlags: o.Access},
 		QPAttrState|QPAttrPKeyIndex|QPAttrPort|QPAttrAccessFlags); err != nil {
@@ -82,4 +87,17 @@ func Connect(qp *QP, remote Endpoint, localPSN PSN, o ConnectOptions) error {
 		State: QPStateRTS, SQPSN: localPSN, Timeout: o.Timeout, RetryCnt: o.RetryCnt,
 		RNRRetry: o.RNRRetry, MaxRdAtomic: o.MaxRdAtomic,
 	}, QPAttrState|QPAttrSQPSN|QPAttrTimeout|QPAttrRetryCnt|QPAttrRNRRetry|QPAttrMaxQPRdAtomic)
+}
+
+// connectUC is Connect for a UC QP.
+func connectUC(qp *QP, remote Endpoint, localPSN PSN, o ConnectOptions) error {
+	if err := qp.Modify(&QPAttr{State: QPStateInit, PKeyIndex: 0, Port: 1, AccessFlags: o.Access},
+		QPAttrState|QPAttrPKeyIndex|QPAttrPort|QPAttrAccessFlags); err != nil {
+		return err
+	}
+	if err := qp.Modify(&QPAttr{State: QPStateRTR, Dest: remote.Addr, PathMTU: o.MTU, DestQPN: remote.QPN, RQPSN: remote.PSN},
+		QPAttrState|QPAttrAV|QPAttrPathMTU|QPAttrDestQPN|QPAttrRQPSN); err != nil {
+		return err
+	}
+	return qp.Modify(&QPAttr{State: QPStateRTS, SQPSN: localPSN}, QPAttrState|QPAttrSQPSN)
 }

@@ -444,3 +444,26 @@ func TestReadThenFencedLocalInv(t *testing.T) {
 	require.Equal(t, remote, sink)
 	require.NoError(t, p.A.Dev.MapMR(mr, sink), "invalid again: it can be mapped")
 }
+
+// TestLocalOpsCompleteInOrder: a local operation executes when the
+// requester reaches it but completes in send-queue order: behind the WRITE
+// posted before it (which waits for its ACK) and before the WRITE after it.
+func TestLocalOpsCompleteInOrder(t *testing.T) {
+	p := softrdmatest.NewPair(t, softrdmatest.Options{Pipe: true})
+	src, srcMR := reg(t, p.A, 64<<10, rw)
+	dst, dstMR := reg(t, p.B, 64<<10, rw)
+	fill(9, src)
+	_, key := frwr(t, p.A, make([]byte, 4096), rw)
+	_, err := p.A.QP.PostSend(
+		writeWR(1, srcMR, src, dstMR.Addr(), dstMR.RKey()),
+		softrdma.SendWR{WRID: 2, Opcode: softrdma.WRLocalInv, Flags: softrdma.SendSignaled, InvRKey: key},
+		writeWR(3, srcMR, src[:100], dstMR.Addr(), dstMR.RKey()))
+	require.NoError(t, err)
+	wcs := waitWC(t, p.A.CQ, 3)
+	for i, want := range []softrdma.WCOpcode{softrdma.WCRDMAWrite, softrdma.WCLocalInv, softrdma.WCRDMAWrite} {
+		require.Equal(t, softrdma.WCSuccess, wcs[i].Status)
+		require.Equal(t, uint64(i+1), wcs[i].WRID)
+		require.Equal(t, want, wcs[i].Opcode)
+	}
+	require.Equal(t, src, dst)
+}

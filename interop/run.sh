@@ -4,7 +4,8 @@
 #
 #   interop/run.sh                       # build the test bed if needed, run the suite
 #   RXETB_SUITE=trixie interop/run.sh    # against kernel 6.12 / rdma-core 56 instead of 6.1 / 44
-#   interop/run.sh -run 'TestRCPingpong' # extra arguments go to go test
+#   RXETB_STEPS=ib_atomic interop/run.sh # only the cases whose names match (one VM boot still)
+#   interop/run.sh -race                 # extra arguments go to go test
 #
 # Environment: RXETB_DIR (test bed scripts, default ../shared/rxe-testbed
 # next to the project), RXETB_CACHE (default /var/cache/rxe-testbed),
@@ -19,10 +20,13 @@ export RXETB_CACHE=${RXETB_CACHE:-/var/cache/rxe-testbed}
 
 # Host tools the test bed needs beyond what its build.sh installs itself
 # (qemu-system-x86, cpio, tcpdump, tshark): depmod (kmod) for the module
-# tree, python3 for roce_pcap.py.
+# tree, python3 for roce_pcap.py, bc for its scripts' timings, gcc for its
+# rxetb-verbs (the README's list; .ci/run installs the same).
 need=()
 command -v depmod >/dev/null || [ -x /usr/sbin/depmod ] || [ -x /sbin/depmod ] || need+=(kmod)
 command -v python3 >/dev/null || need+=(python3)
+command -v bc >/dev/null || need+=(bc)
+command -v gcc >/dev/null || need+=(gcc)
 if [ ${#need[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq

@@ -61,6 +61,9 @@ func openTestbed(t *testing.T) *testbed {
 		}
 		t.Skip("rxe test bed not available: " + msg + " (RXETB_INTEROP=1 makes this an error)")
 	}
+	if reason := os.Getenv("RXETB_UNAVAILABLE"); reason != "" { // set by .ci/run
+		unavailable("%s", reason)
+	}
 	if testing.Short() && mode != "1" {
 		t.Skip("boots a qemu VM (~20-40 s); skipped with -short")
 	}

@@ -18,7 +18,7 @@ var (
 	ErrRange     = errors.New("stag: range wraps the address space")
 )
 
-// Entry is one registered object: an MR today, a memory window later. Every
+// Entry is one registered object: a memory region or a memory window. Every
 // field but the state and the in-flight count is fixed when the entry is
 // allocated; a new registration of the same index gets a new Entry, so a
 // reader that holds an old *Entry always sees a consistent old registration
@@ -53,6 +53,21 @@ type Entry[V any] struct {
 	state atomic.Uint32 // State
 	// waiter is set by Drain; Release signals it when refs reaches zero.
 	waiter atomic.Pointer[chan struct{}]
+	// turn lets one Drain at a time use waiter: a one-slot channel,
+	// made by the first Drain that has to wait.
+	turn atomic.Pointer[chan struct{}]
+}
+
+// drainTurn returns the entry's one-slot channel of drainers.
+func (e *Entry[V]) drainTurn() chan struct{} {
+	if p := e.turn.Load(); p != nil {
+		return *p
+	}
+	c := make(chan struct{}, 1)
+	if e.turn.CompareAndSwap(nil, &c) {
+		return c
+	}
+	return *e.turn.Load()
 }
 
 // State returns the entry's current state.
@@ -77,11 +92,15 @@ func (e *Entry[V]) Release() {
 	}
 }
 
-// wake wakes the drainers, if there are any, by closing their channel. It
-// is kept out of Release so that Release inlines.
+// wake signals a drainer, if there is one. It is kept out of Release so that
+// Release inlines (and small, so that it inlines into Release, which then
+// still inlines into Span.Close).
 func (e *Entry[V]) wake() {
-	if c := e.waiter.Load(); c != nil && e.waiter.CompareAndSwap(c, nil) {
-		close(*c)
+	if c := e.waiter.Load(); c != nil {
+		select {
+		case *c <- struct{}{}:
+		default: // a wake-up is already pending
+		}
 	}
 }
 
@@ -96,28 +115,23 @@ func (e *Entry[V]) Refs() int64 { return e.refs.Load() }
 // reference may be held across the packets of a message (a placement
 // cursor), so Drain lasts until the transport ends that message. Several
 // goroutines may drain an entry at once (a deregistration, a suspension and
-// the invalidation of a window on the region): they share one channel,
-// which the Release that brings the count to zero closes.
+// the invalidation of a window on the region): they take turns.
 func (e *Entry[V]) Drain() {
-	for e.refs.Load() != 0 {
-		c := e.waiter.Load()
-		if c == nil {
-			ch := make(chan struct{})
-			if !e.waiter.CompareAndSwap(nil, &ch) {
-				continue // another drainer installed one
-			}
-			c = &ch
-		}
-		// Release decrements and then loads waiter; we store waiter and
-		// then load refs. Go's atomics are sequentially consistent, so
-		// at least one side sees the other: no wake-up is lost. A channel
-		// left installed when the count is already zero is closed by the
-		// next Release that reaches zero, harmlessly.
-		if e.refs.Load() == 0 {
-			return
-		}
-		<-*c
+	if e.refs.Load() == 0 {
+		return
 	}
+	turn := e.drainTurn()
+	turn <- struct{}{} // a channel rather than a mutex: testing/synctest sees the wait
+	defer func() { <-turn }()
+	c := make(chan struct{}, 1)
+	e.waiter.Store(&c)
+	// Release decrements and then loads waiter; we store waiter and then
+	// load refs. Go's atomics are sequentially consistent, so at least one
+	// side sees the other: no wake-up is lost.
+	for e.refs.Load() != 0 {
+		<-c
+	}
+	e.waiter.Store(nil)
 }
 
 // The control word of a slot (slot.ctl):
@@ -474,10 +488,11 @@ type Span[V any] struct {
 	// only for its own QP. 0: no QP (type 2 windows never open).
 	QP uint32
 	// via is the window's slot when the Span was opened through a memory
-	// window (Entry, slot and ctl are then the target region's), with its
-	// ctl at Open: Refresh refuses once the window has changed. nil for a
-	// Span opened on a region. Written by the window path only; Close
-	// clears it when set, so the regions' path stores nothing more.
+	// window (Entry and slot are then the target region's), with its ctl
+	// at Open: Refresh refuses once the window has changed. Written by the
+	// window path only and meaningful only while ctl lacks rightRegion,
+	// which marks a window Span (see refreshWindow); a region's path
+	// neither reads nor clears it, so it stores nothing more.
 	via    *slot[V]
 	viaCtl uint64
 }
@@ -519,13 +534,13 @@ func (sp *Span[V]) RefreshReason() Reason {
 	if sp.rd != nil {
 		sp.rd.Enter() // before the slot is read again
 	}
+	if sp.ctl&rightRegion == 0 {
+		return sp.refreshWindow() // opened through a memory window
+	}
 	var sn snapshot[V]
 	sp.slot.read(&sn)
 	if sn.entry != sp.Entry || sn.ctl&ctlValid == 0 || STag(sn.keyPD) != sp.Entry.STag {
 		return Invalid
-	}
-	if sp.via != nil && sp.via.ctl.Load() != sp.viaCtl {
-		return Invalid // the window was invalidated or rebound
 	}
 	if sp.Write && sn.ctl&ctlSuspended != 0 {
 		return Suspended
@@ -543,9 +558,6 @@ func (sp *Span[V]) Close() {
 			sp.Entry.Release()
 		}
 		sp.Entry = nil // slot and ctl mean nothing without an Entry
-	}
-	if sp.via != nil {
-		sp.via = nil
 	}
 	sp.base, sp.Len, sp.Done = nil, 0, 0
 }

@@ -18,12 +18,14 @@ import (
 // (openWindow): the window's checks (key, PD, remote only, its QP for a
 // type 2 window, rights, state, bounds), then the region's slot, which the
 // Span then holds as if it had been opened on the region, with the
-// window's slot kept aside (Span.via). The region's state, suspension,
+// window's slot kept aside (Span.via) and the Span's ctl marked (it lacks
+// rightRegion, so its Current check fails at each packet, whose Refresh
+// then checks the window too). The region's state, suspension,
 // linear mapping and reference count therefore govern window accesses too:
 // whatever pauses, remaps or drains the region covers them. Invalidating a
-// window invalidates its slot and bumps the region's count (Touch), so
-// that a Span opened through the window fails its next Current check and
-// its Refresh (the window's ctl has changed).
+// window invalidates its slot and bumps the region's count (Touch); a Span
+// opened through the window fails its next Refresh (the window's ctl has
+// changed), and Spans on the region refresh once.
 
 // Rekey replaces the entry that old names with a new registration of the
 // same index under key, whose key byte is the caller's choice (the
@@ -149,7 +151,10 @@ func (t *Table[V]) openWindow(sp *Span[V], s *slot[V], pd uint32, key STag, need
 			mr.refs.Add(1)
 		}
 		if ms.ctl.Load() == m.ctl && s.ctl.Load() == w.ctl {
-			sp.Entry, sp.slot, sp.ctl = mr, ms, m.ctl
+			// ctl without rightRegion never equals the region's slot
+			// (which always has it): Current fails at every packet and
+			// Refresh checks the window too (refreshWindow).
+			sp.Entry, sp.slot, sp.ctl = mr, ms, m.ctl&^rightRegion
 			sp.via, sp.viaCtl = s, w.ctl
 			sp.base = m.base(iova, n, sp.Write)
 			sp.IOVA, sp.Len = iova, n
@@ -164,8 +169,37 @@ func (t *Table[V]) openWindow(sp *Span[V], s *slot[V], pd uint32, key STag, need
 	}
 }
 
-// Window reports whether the Span was opened through a memory window.
-func (sp *Span[V]) Window() bool { return sp.via != nil }
+// refreshWindow is RefreshReason for a Span opened through a window. Its
+// Current check fails at every packet (its ctl lacks rightRegion), so that
+// each packet checks the window as well as the region: in the common case
+// two loads, the region's ctl unchanged since the last full check and the
+// window's ctl unchanged since Open. The caller's reader is online.
+func (sp *Span[V]) refreshWindow() Reason {
+	if sp.via.ctl.Load() != sp.viaCtl {
+		return Invalid // the window was invalidated or rebound
+	}
+	if sp.slot.ctl.Load() == sp.ctl|rightRegion {
+		return OK
+	}
+	var sn snapshot[V]
+	sp.slot.read(&sn)
+	if sn.entry != sp.Entry || sn.ctl&ctlValid == 0 || STag(sn.keyPD) != sp.Entry.STag {
+		return Invalid
+	}
+	if sp.Write && sn.ctl&ctlSuspended != 0 {
+		return Suspended
+	}
+	if sp.via.ctl.Load() != sp.viaCtl {
+		return Invalid
+	}
+	sp.ctl = sn.ctl &^ rightRegion
+	sp.base = sn.base(sp.IOVA, sp.Len, sp.Write)
+	return OK
+}
+
+// Window reports whether the Span holds a range opened through a memory
+// window.
+func (sp *Span[V]) Window() bool { return sp.Entry != nil && sp.ctl&rightRegion == 0 }
 
 // Suspended reports whether placement through key is suspended now
 // (Suspend). False for an unknown key.

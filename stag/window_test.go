@@ -105,19 +105,24 @@ func TestWindowReasons(t *testing.T) {
 	require.Equal(t, QPMismatch, r)
 }
 
-// TestWindowInvalidationEndsSpans: invalidating the window and touching
-// its region makes a Span opened through the window fail (Refresh Invalid),
-// while a Span on the region itself refreshes and goes on.
+// TestWindowInvalidationEndsSpans: a Span opened through a window is never
+// Current, so every packet refreshes it, which checks the window: once the
+// window is invalidated (and its region touched) the Span fails (Refresh
+// Invalid), while a Span on the region itself refreshes and goes on.
 func TestWindowInvalidationEndsSpans(t *testing.T) {
 	f := newWindowFixture(t)
 	var win, reg Span[int]
 	require.Equal(t, OK, f.tab.Open(&win, 7, f.type1.STag, AccessRemoteWrite, f.base+0x1000, 64))
 	require.Equal(t, OK, f.tab.Open(&reg, 7, f.region.STag, AccessLocalWrite, f.base, 64))
-	require.True(t, win.Current())
+	require.True(t, win.Window())
+	require.False(t, reg.Window())
+	require.False(t, win.Current(), "a window Span refreshes at every packet")
+	require.Equal(t, OK, win.RefreshReason())
+	require.True(t, win.Linear())
+	require.True(t, reg.Current())
 	require.NoError(t, f.tab.Invalidate(f.type1.STag))
-	require.True(t, win.Current(), "the window's own slot is not what the Span checks")
+	require.Equal(t, Invalid, win.RefreshReason(), "the window's slot changed")
 	require.NoError(t, f.tab.Touch(f.region.STag))
-	require.False(t, win.Current())
 	require.Equal(t, Invalid, win.RefreshReason())
 	require.False(t, reg.Current())
 	require.True(t, reg.Refresh(), "a Span on the region survives a touch")

@@ -201,8 +201,8 @@ func (d *Device) CreateQP(pd uint32, init *QPInitAttr) (*QP, error) {
 	if d.closed.Load() {
 		return nil, ErrClosed
 	}
-	if init.Type != QPTypeRC {
-		return nil, fmt.Errorf("%w: QP type %d (only RC)", ErrBadAttr, init.Type)
+	if init.Type != QPTypeRC && init.Type != QPTypeUC && init.Type != QPTypeUD {
+		return nil, fmt.Errorf("%w: QP type %d (RC, UC or UD)", ErrBadAttr, init.Type)
 	}
 	if init.SendCQ == nil || init.RecvCQ == nil {
 		return nil, fmt.Errorf("%w: send and receive CQs are required", ErrBadAttr)
@@ -224,7 +224,7 @@ func (d *Device) CreateQP(pd uint32, init *QPInitAttr) (*QP, error) {
 	if c.MaxRecvWR < 1 {
 		c.MaxRecvWR = 1
 	}
-	qp := &QP{dev: d, pd: pd, sendCQ: init.SendCQ, recvCQ: init.RecvCQ, cap: c, sigAll: init.SQSigAll}
+	qp := &QP{dev: d, typ: init.Type, pd: pd, sendCQ: init.SendCQ, recvCQ: init.RecvCQ, cap: c, sigAll: init.SQSigAll}
 	qp.sq.wqe = make([]sendWQE, c.MaxSendWR)
 	sgl := make([]SGE, c.MaxSendWR*c.MaxSendSGE)
 	inl := make([]byte, c.MaxSendWR*c.MaxInlineData)
@@ -380,10 +380,6 @@ func (d *Device) handle(pkt *conn.Packet, p *wire.Packet) {
 		}
 		return
 	}
-	if p.Opcode().Transport() != wire.OpRC {
-		c.drop(DropUnknownOpcode)
-		return
-	}
 	bth := p.BTH()
 	if pk := bth.PKey(); pk&0x7fff != wire.DefaultPKey&0x7fff {
 		c.drop(DropBadPKey)
@@ -392,6 +388,14 @@ func (d *Device) handle(pkt *conn.Packet, p *wire.Packet) {
 	qp := d.QP(bth.DestQP())
 	if qp == nil {
 		c.drop(DropUnknownQPN)
+		return
+	}
+	if p.Opcode().Transport() != qp.typ.transport() {
+		c.drop(DropUnknownOpcode) // not of the QP's service (rxe check_type_state)
+		return
+	}
+	if qp.typ != QPTypeRC {
+		d.handleUnreliable(qp, pkt, p) // uc.go
 		return
 	}
 	st := qp.State()

@@ -141,19 +141,27 @@ func (qp *QP) takeLocalWait() localWait {
 }
 
 // finishLocal waits for the invalidation lw and completes its WQE (in
-// order), unless the WQE was flushed meanwhile. Called without sq, from
+// order) unless the QP was reset meanwhile. If the QP went to ERR while it
+// waited, flush stopped at the WQE: it completes successfully (it took
+// effect) and the WQEs behind it are flushed now. Called without sq, from
 // the send worker; the placement-level operation completes either way.
 func (qp *QP) finishLocal(lw localWait) {
 	lw.inv.Wait()
 	qp.sq.Lock()
-	defer qp.sq.Unlock()
 	if lw.idx < qp.comp.idx || lw.idx >= qp.sq.head {
+		qp.sq.Unlock()
 		return
 	}
+	flush := false
 	if w := &qp.sq.wqe[lw.idx%uint64(len(qp.sq.wqe))]; w.local == localWaiting {
 		w.local = localDone
 		qp.retireLocal()
 		qp.progress()
+		flush = qp.State() == QPStateErr
+	}
+	qp.sq.Unlock()
+	if flush {
+		qp.flush()
 	}
 }
 

@@ -47,6 +47,7 @@ const (
 	QPAttrAccessFlags     AttrMask = 1 << 3
 	QPAttrPKeyIndex       AttrMask = 1 << 4
 	QPAttrPort            AttrMask = 1 << 5
+	QPAttrQKey            AttrMask = 1 << 6
 	QPAttrAV              AttrMask = 1 << 7
 	QPAttrPathMTU         AttrMask = 1 << 8
 	QPAttrTimeout         AttrMask = 1 << 9
@@ -62,7 +63,7 @@ const (
 
 var attrNames = map[AttrMask]string{
 	QPAttrState: "IBV_QP_STATE", QPAttrAccessFlags: "IBV_QP_ACCESS_FLAGS",
-	QPAttrPKeyIndex: "IBV_QP_PKEY_INDEX", QPAttrPort: "IBV_QP_PORT", QPAttrAV: "IBV_QP_AV",
+	QPAttrPKeyIndex: "IBV_QP_PKEY_INDEX", QPAttrPort: "IBV_QP_PORT", QPAttrQKey: "IBV_QP_QKEY", QPAttrAV: "IBV_QP_AV",
 	QPAttrPathMTU: "IBV_QP_PATH_MTU", QPAttrTimeout: "IBV_QP_TIMEOUT",
 	QPAttrRetryCnt: "IBV_QP_RETRY_CNT", QPAttrRNRRetry: "IBV_QP_RNR_RETRY",
 	QPAttrRQPSN: "IBV_QP_RQ_PSN", QPAttrMaxQPRdAtomic: "IBV_QP_MAX_QP_RD_ATOMIC",
@@ -70,7 +71,8 @@ var attrNames = map[AttrMask]string{
 	QPAttrMaxDestRdAtomic: "IBV_QP_MAX_DEST_RD_ATOMIC", QPAttrDestQPN: "IBV_QP_DEST_QPN",
 }
 
-// QPAttr holds QP attributes (struct ibv_qp_attr, the fields RC uses).
+// QPAttr holds QP attributes (struct ibv_qp_attr, the fields RC, UC and
+// UD use).
 type QPAttr struct {
 	State           QPState
 	AccessFlags     stag.Access    // qp_access_flags: REMOTE_WRITE, REMOTE_READ, REMOTE_ATOMIC
@@ -87,6 +89,7 @@ type QPAttr struct {
 	MaxDestRdAtomic uint8          // max_dest_rd_atomic: as target
 	MinRNRTimer     uint8          // min_rnr_timer, encoded (IBTA Table 45)
 	DestQPN         wire.QPN       // dest_qp_num
+	QKey            uint32         // qkey: UD, the Q_Key datagrams must carry (IBTA 10.2.5)
 }
 
 // required lists, per transition, the attributes ib_modify_qp_is_ok
@@ -113,11 +116,12 @@ var allowed = map[[2]QPState]bool{
 type QPInitAttr struct {
 	SendCQ, RecvCQ *CQ
 	Cap            Cap
-	Type           QPType // only QPTypeRC
+	Type           QPType // QPTypeRC, QPTypeUC or QPTypeUD
 	SQSigAll       bool   // every send WR generates a completion
 }
 
-// QP is a reliable-connected queue pair.
+// QP is a queue pair: reliable connected, unreliable connected (uc.go) or
+// unreliable datagram (ud.go).
 type QP struct {
 	// held counts this QP's packets in the device's hold queue (receive
 	// loop only); while it is not zero, every packet of the QP is held
@@ -128,6 +132,7 @@ type QP struct {
 
 	dev    *Device
 	qpn    wire.QPN
+	typ    QPType
 	pd     uint32
 	sendCQ *CQ
 	recvCQ *CQ
@@ -180,6 +185,7 @@ type path struct {
 	mtu         int         // path MTU in bytes
 	access      stag.Access // qp_access_flags
 	minRNRTimer uint8
+	qkey        uint32 // UD: the QP's Q_Key
 }
 
 // sendWQE is one send queue entry. sgl and inline are preallocated per
@@ -259,6 +265,7 @@ type respState struct {
 	ackPend   bool // an ACK is owed, coalesced until the end of the receive batch
 	ackPSN    wire.PSN
 	inAckList bool
+	dropMsg   bool // UC: a packet of the current message was lost; drop until the next FIRST or ONLY (rxe drop_msg)
 }
 
 // rdRes remembers an executed READ or atomic so that a duplicate request is
@@ -322,7 +329,7 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 		if !allowed[[2]QPState{cur, next}] {
 			return fmt.Errorf("%w: %v -> %v", ErrBadTransition, cur, next)
 		}
-		if req := required[[2]QPState{cur, next}]; mask&req != req {
+		if req := qp.requiredAttrs(cur, next); mask&req != req {
 			for b := AttrMask(1); b != 0; b <<= 1 {
 				if req&b != 0 && mask&b == 0 {
 					return fmt.Errorf("%w: %v -> %v needs %s", ErrBadAttr, cur, next, attrNames[b])
@@ -425,6 +432,10 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 		a.DestQPN = attr.DestQPN & wire.QPNMask
 		np.destQPN = a.DestQPN
 	}
+	if mask&QPAttrQKey != 0 {
+		a.QKey = attr.QKey
+		np.qkey = attr.QKey
+	}
 	qp.path.Store(&np)
 	if mask&QPAttrState != 0 {
 		switch next {
@@ -497,6 +508,9 @@ func (qp *QP) setError() bool {
 // ERR, so that a consumer of the WC already sees the QP in ERR, and asks
 // for the queues to be flushed once sq is released. Caller holds sq.
 func (qp *QP) fail(w *sendWQE, st WCStatus) {
+	if qp.typ != QPTypeRC {
+		qp.retireSent() // UC, UD: the WQEs sent before w complete first
+	}
 	qp.setError()
 	if w != nil {
 		qp.complete(w, st, true)
@@ -509,15 +523,24 @@ func (qp *QP) fail(w *sendWQE, st WCStatus) {
 // (IBA 10.7.3.1: an error always generates a completion).
 func (qp *QP) flush() {
 	qp.sq.Lock()
+	end := qp.sq.head
 	for i := qp.comp.idx; i < qp.sq.head; i++ {
 		w := &qp.sq.wqe[i%uint64(len(qp.sq.wqe))]
+		if w.local == localWaiting {
+			// An invalidation that has taken effect completes when its
+			// wait ends, in order, and then flushes the rest
+			// (finishLocal): its completion is seen only when no byte is
+			// placed through the key any more.
+			end = i
+			break
+		}
 		if !w.done {
 			qp.complete(w, WCWRFlushErr, true)
 		}
 		w.reset()
 	}
-	qp.comp.idx = qp.sq.head
-	qp.req.idx = qp.sq.head
+	qp.comp.idx = end
+	qp.req.idx = end
 	qp.req.offset = 0
 	qp.req.rdAtomic = 0
 	qp.sq.Unlock()
@@ -616,6 +639,9 @@ func (qp *QP) postSendLocked(wr *SendWR) error {
 	if len(wr.SGL) > qp.cap.MaxSendSGE {
 		return fmt.Errorf("%w: %d SGEs, max_send_sge %d", ErrTooManySGE, len(wr.SGL), qp.cap.MaxSendSGE)
 	}
+	if err := qp.checkWRType(wr); err != nil {
+		return err
+	}
 	var need stag.Access
 	switch wr.Opcode {
 	case WRSend, WRSendWithImm, WRSendWithInv, WRRDMAWrite, WRRDMAWriteWithImm:
@@ -649,6 +675,9 @@ func (qp *QP) postSendLocked(wr *SendWR) error {
 	}
 	if total > 1<<31 {
 		return fmt.Errorf("%w: message of %d bytes exceeds 2 GiB (max_msg_sz)", ErrBadSGE, total)
+	}
+	if err := qp.checkWRLength(total); err != nil {
+		return err
 	}
 	w := &qp.sq.wqe[qp.sq.head%uint64(len(qp.sq.wqe))]
 	w.reset()

@@ -34,6 +34,9 @@ func (qp *QP) runRequester(b *txBatch) bool {
 	qp.fatal = false
 	lw := qp.takeLocalWait()
 	qp.sq.Unlock()
+	if qp.typ != QPTypeRC && qp.completeSent(b) { // ud.go: on UC and UD, sent is complete
+		more = true
+	}
 	if fatal {
 		qp.flush()
 		qp.releaseResp()
@@ -49,6 +52,12 @@ func (qp *QP) runRequester(b *txBatch) bool {
 }
 
 func (qp *QP) runRequesterLocked(b *txBatch) bool {
+	switch qp.typ {
+	case QPTypeUC:
+		return qp.runRequesterUC(b)
+	case QPTypeUD:
+		return qp.runRequesterUD(b)
+	}
 	st := qp.State()
 	if (st != QPStateRTS && st != QPStateSQD) || qp.comp.rnrWait {
 		return false
@@ -209,6 +218,10 @@ func (qp *QP) sendSegment(b *txBatch, path *path, w *sendWQE) bool {
 	ackReq := last || r.noack >= AckEveryNPackets
 	if ackReq {
 		r.noack = 0
+	}
+	if qp.typ == QPTypeUC {
+		op |= wire.OpUC // the same operations; nothing is acknowledged
+		ackReq = false
 	}
 	psn := r.psn
 	buf, info := buildPacket(b, path, op, psn, ackReq, int(n))

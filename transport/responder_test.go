@@ -393,7 +393,7 @@ func TestRNRWaitEndsWithACK(t *testing.T) {
 	op, _, psn := r.answer()
 	require.Equal(t, wire.OpRDMAWriteOnly, op)
 	require.Equal(t, wire.PSN(5000), psn)
-	ack(wire.RNRNAK(1), 5000)
+	ack(wire.RNRNAK(31), 5000) // 491.52 ms: it must not fire before the ACK
 	ack(wire.SyndromeACK, 5000)
 	wcs := make([]WC, 1)
 	n, _ := r.cq.Poll(wcs)

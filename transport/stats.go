@@ -38,7 +38,7 @@ type DropReason uint8
 const (
 	DropBadICRC           DropReason = iota // ICRC mismatch (counted by the conn, mirrored here)
 	DropMalformed                           // too short, bad TVer, bad pad, header lengths
-	DropUnknownOpcode                       // opcode not in the table or not for RC
+	DropUnknownOpcode                       // opcode not in the table or not of the QP's service (RC, UC, UD)
 	DropUnknownQPN                          // DestQP names no QP
 	DropBadQPState                          // QP not in a state that accepts the packet
 	DropPSNOutOfWindow                      // request PSN after the expected one (NAKed once per gap)
@@ -53,6 +53,10 @@ const (
 	DropDuplicateResponse                   // ACK or response for a PSN already acknowledged
 	DropStaleDuplicate                      // duplicate READ/atomic request older than the saved resources
 	DropSuspended                           // placement paused: RNR-NAKed or not held (queue full, or a response under the nak policy)
+	DropBadQKey                             // UD: DETH Q_Key is not the QP's (IBTA 10.2.5; rxe's qkey_viol_cntr)
+	DropUCMessage                           // UC: packet of a message that lost a packet (PSN gap, MIDDLE/LAST out of sequence)
+	DropNoRecvWQE                           // UC/UD: SEND with no receive WQE posted (no RNR NAK on these services)
+	DropRecvTooSmall                        // UC/UD: SEND longer than its receive WQE (UD: payload + 40-byte GRH); the WQE is kept
 	NumDropReasons
 )
 
@@ -60,7 +64,7 @@ var dropNames = [NumDropReasons]string{
 	"bad_icrc", "malformed", "unknown_opcode", "unknown_qpn", "bad_qp_state",
 	"psn_out_of_window", "ghost_response", "bad_pkey", "too_long", "rnr", "opcode_out_of_seq",
 	"length_error", "access_error", "wrong_address", "duplicate_response", "stale_duplicate",
-	"suspended",
+	"suspended", "bad_qkey", "uc_message_lost", "no_recv_wqe", "recv_too_small",
 }
 
 func (r DropReason) String() string {

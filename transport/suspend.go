@@ -111,6 +111,7 @@ type heldPkt struct {
 	slot int
 	n    int
 	addr netip.AddrPort
+	ip   conn.IPInfo // for a UD receive's GRH
 	qpn  wire.QPN
 }
 
@@ -302,7 +303,7 @@ func (d *Device) hold(qp *QP, pkt *conn.Packet, p *wire.Packet) {
 	if &s.slots[i][0] != &pkt.Buf[0] {
 		n = copy(s.slots[i], pkt.Buf)
 	}
-	s.q = append(s.q, heldPkt{slot: i, n: n, addr: pkt.Addr, qpn: qp.qpn})
+	s.q = append(s.q, heldPkt{slot: i, n: n, addr: pkt.Addr, ip: pkt.IP, qpn: qp.qpn})
 	qp.held++
 	s.held.Add(1)
 	s.bytes.Add(uint64(len(p.Payload)))
@@ -327,7 +328,7 @@ func (d *Device) replayHeld(p *wire.Packet) {
 		// held again, hold takes this very slot back (the free list is a
 		// stack) and copies the bytes onto themselves.
 		s.free = append(s.free, h.slot)
-		d.handle(&conn.Packet{Buf: s.slots[h.slot][:h.n], Addr: h.addr}, p)
+		d.handle(&conn.Packet{Buf: s.slots[h.slot][:h.n], Addr: h.addr, IP: h.ip}, p)
 	}
 }
 

@@ -34,7 +34,8 @@ func (s QPState) String() string {
 // QPType is the transport service type (ibv_qp_type).
 type QPType uint8
 
-// QP types. Only RC is implemented.
+// QP types: Reliable Connected, Unreliable Connected (uc.go) and
+// Unreliable Datagram (ud.go).
 const (
 	QPTypeRC QPType = 2
 	QPTypeUC QPType = 3
@@ -179,6 +180,11 @@ type SendWR struct {
 	InvRKey    uint32 // SEND_WITH_INV: the rkey the responder invalidates; LOCAL_INV: the key invalidated (invalidate_rkey)
 	Reg        RegWR  // REG_MR: the MR, its new key and rights (ib_reg_wr)
 	BindMW     MWBind // BIND_MW: the window, its new rkey and binding (ibv_send_wr.bind_mw)
+	// UD (ibv_send_wr.wr.ud): the address handle, the destination QPN and
+	// its Q_Key (one with the high bit set means the QP's own Q_Key).
+	AH         *AH
+	RemoteQPN  wire.QPN
+	RemoteQKey uint32
 }
 
 // RecvWR is a receive work request (struct ibv_recv_wr).

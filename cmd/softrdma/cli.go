@@ -11,17 +11,19 @@ import (
 
 // cli is the command line: one subcommand per tool, with perftest's flags.
 type cli struct {
-	WriteBW  toolCmd `cmd:"" name:"write-bw" help:"RDMA WRITE bandwidth (ib_write_bw)."`
-	WriteLat toolCmd `cmd:"" name:"write-lat" help:"RDMA WRITE latency, ping-pong polling memory (ib_write_lat)."`
-	ReadBW   toolCmd `cmd:"" name:"read-bw" help:"RDMA READ bandwidth (ib_read_bw)."`
-	ReadLat  toolCmd `cmd:"" name:"read-lat" help:"RDMA READ latency (ib_read_lat)."`
-	SendBW   toolCmd `cmd:"" name:"send-bw" help:"SEND/RECV bandwidth (ib_send_bw)."`
-	SendLat  toolCmd `cmd:"" name:"send-lat" help:"SEND/RECV latency, ping-pong (ib_send_lat)."`
-	AtomicBW toolCmd `cmd:"" name:"atomic-bw" help:"Atomic FETCH_AND_ADD or CMP_AND_SWAP bandwidth (ib_atomic_bw)."`
-	Demo     demoCmd `cmd:"" help:"Two emulated hosts in this process move a file by WRITE, READ and SEND and check it."`
-	Dump     dumpCmd `cmd:"" help:"Print a pcap or pcapng of RoCEv2 traffic one packet a line, as the tests decode it (opcode, QPN, PSN, headers, CM MADs, ICRC)."`
-	Pingpong pingCmd `cmd:"" name:"rc-pingpong" help:"SEND/RECV ping-pong compatible with ibv_rc_pingpong (its TCP exchange, byte for byte)."`
-	Bench    expCmd  `cmd:"" help:"Experiments: bench scopes (remaps at each suspension scope and pause policy, against runs without remaps)."`
+	WriteBW  toolCmd   `cmd:"" name:"write-bw" help:"RDMA WRITE bandwidth (ib_write_bw)."`
+	WriteLat toolCmd   `cmd:"" name:"write-lat" help:"RDMA WRITE latency, ping-pong polling memory (ib_write_lat)."`
+	ReadBW   toolCmd   `cmd:"" name:"read-bw" help:"RDMA READ bandwidth (ib_read_bw)."`
+	ReadLat  toolCmd   `cmd:"" name:"read-lat" help:"RDMA READ latency (ib_read_lat)."`
+	SendBW   toolCmd   `cmd:"" name:"send-bw" help:"SEND/RECV bandwidth (ib_send_bw)."`
+	SendLat  toolCmd   `cmd:"" name:"send-lat" help:"SEND/RECV latency, ping-pong (ib_send_lat)."`
+	AtomicBW toolCmd   `cmd:"" name:"atomic-bw" help:"Atomic FETCH_AND_ADD or CMP_AND_SWAP bandwidth (ib_atomic_bw)."`
+	Demo     demoCmd   `cmd:"" help:"Two emulated hosts in this process move a file by WRITE, READ and SEND and check it."`
+	Dump     dumpCmd   `cmd:"" help:"Print a pcap or pcapng of RoCEv2 traffic one packet a line, as the tests decode it (opcode, QPN, PSN, headers, CM MADs, ICRC)."`
+	Pingpong pingCmd   `cmd:"" name:"rc-pingpong" help:"SEND/RECV ping-pong compatible with ibv_rc_pingpong (its TCP exchange, byte for byte)."`
+	UCPing   pingCmd   `cmd:"" name:"uc-pingpong" help:"SEND/RECV ping-pong on a UC QP, compatible with ibv_uc_pingpong."`
+	UDPing   udPingCmd `cmd:"" name:"ud-pingpong" help:"SEND/RECV ping-pong of UD datagrams, compatible with ibv_ud_pingpong."`
+	Bench    expCmd    `cmd:"" help:"Experiments: bench scopes (remaps at each suspension scope and pause policy, against runs without remaps)."`
 }
 
 // toolCmd holds the flags of the perftest-style tools. Names are
@@ -56,6 +58,11 @@ type toolCmd struct {
 	ODPBudget   byteSize `name:"odp-budget" placeholder:"BYTES" help:"Most bytes this device's ODP MRs hold present at once; over it the least recently used pages are evicted (default: unlimited)."`
 	FaultPolicy string   `name:"fault-policy" placeholder:"sync|rnr" help:"How this side, as responder, meets a page fault on its ODP buffer: sync (resolve inline, as rxe; the default) or rnr (RNR NAK and fault in the background, as mlx5)."`
 	Seed        uint64   `hidden:"" help:"Seed of the --verify pattern (default: random)."`
+
+	// perftest interoperability (docs/interop.md).
+	ConnectTimeout time.Duration `name:"connect-timeout" placeholder:"DURATION" help:"Client: keep retrying a refused connection for this long (default: one attempt, as perftest)."`
+	Stat           bool          `name:"stat" help:"Print the device's non-zero counters at the end (as rc-pingpong --stat)."`
+	Perftest       bool          `name:"perftest" help:"Speak perftest's exchange byte for byte even to a softrdma peer (a stock ib_write_bw, ib_read_bw, ... peer is detected without it); both sides then need the same -s, -n, -q, -A."`
 }
 
 // demoCmd holds the flags of `softrdma demo`.
@@ -79,7 +86,7 @@ func (c *toolCmd) options(test perf.Test) (*perf.Options, error) {
 		TxDepth: c.TxDepth, RxDepth: c.RxDepth, CQMod: c.CQMod, QPs: c.QPs, Inline: c.Inline,
 		Atomic: c.Atomic, Verify: c.Verify, Seed: c.Seed, QPTimeout: c.QPTimeout,
 	}
-	if c.Server != "" {
+	if c.Server != "" && !c.Perftest { // --perftest: checked after connecting, by perftest's rules
 		// Check the client's parameters before connecting.
 		q := p
 		q.Defaults(test)
@@ -95,6 +102,7 @@ func (c *toolCmd) options(test perf.Test) (*perf.Options, error) {
 	return &perf.Options{
 		Test: test, Params: p, Server: c.Server, Port: c.Port, Bind: c.Bind, File: c.File, Out: c.Out,
 		Pcap: c.Pcap, Impair: c.Impair, JSON: c.JSON, ReportGbits: c.ReportGbits, ODP: odp,
+		Perftest: c.Perftest, ConnectTimeout: c.ConnectTimeout, Stat: c.Stat,
 	}, nil
 }
 

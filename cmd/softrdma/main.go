@@ -72,6 +72,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if cmd == "rc-pingpong" {
 		return c.Pingpong.run(ctx, stdout, stderr)
 	}
+	if cmd == "uc-pingpong" {
+		return c.UCPing.runUC(ctx, stdout, stderr)
+	}
+	if cmd == "ud-pingpong" {
+		return c.UDPing.run(ctx, stdout, stderr)
+	}
 	if cmd == "bench" {
 		return c.Bench.Scopes.run(ctx, stdout, stderr)
 	}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"time"
 
+	"github.com/softrdma/softrdma"
 	"github.com/softrdma/softrdma/cmd/softrdma/internal/pingpong"
 )
 
@@ -36,25 +37,35 @@ type pingCmd struct {
 
 // run runs the command and returns the exit code.
 func (c *pingCmd) run(ctx context.Context, stdout, stderr io.Writer) int {
+	return c.runAs(ctx, stdout, stderr, "rc-pingpong", softrdma.QPTypeRC)
+}
+
+// runAs runs the command as rc-pingpong or uc-pingpong (ucudpingpong.go).
+func (c *pingCmd) runAs(ctx context.Context, stdout, stderr io.Writer, name string, typ softrdma.QPType) int {
 	if c.IBPort != 1 {
-		fmt.Fprintf(stderr, "softrdma: rc-pingpong: -i %d: the device has port 1 only\n", c.IBPort)
+		fmt.Fprintf(stderr, "softrdma: %s: -i %d: the device has port 1 only\n", name, c.IBPort)
 		return exitUsage
 	}
 	logf := func(format string, args ...any) { fmt.Fprintf(stderr, format+"\n", args...) }
 	err := pingpong.Run(ctx, pingpong.Options{
-		Server: c.Server, Port: c.Port, Size: c.Size, Iters: c.Iters, MTU: c.MTU, RxDepth: c.RxDepth,
+		Type: typ, Server: c.Server, Port: c.Port, Size: c.Size, Iters: c.Iters, MTU: c.MTU, RxDepth: c.RxDepth,
 		SL: c.SL, Events: c.Events, GIDIndex: c.GIDIdx, Check: c.Chk, Verify: c.Verify, Seed: c.Seed,
 		Bind: c.Bind, Pcap: c.Pcap, Stat: c.Stat, ConnectTimeout: c.ConnectTimeout,
 		Stdout: stdout, Logf: logf,
 	})
+	return pingExit(err, stderr, name)
+}
+
+// pingExit reports err and returns the exit code.
+func pingExit(err error, stderr io.Writer, name string) int {
 	var ue *pingpong.UsageError
 	switch {
 	case err == nil:
 		return exitOK
 	case errors.As(err, &ue):
-		fmt.Fprintf(stderr, "softrdma: rc-pingpong: %v\n", err)
+		fmt.Fprintf(stderr, "softrdma: %s: %v\n", name, err)
 		return exitUsage
 	}
-	fmt.Fprintf(stderr, "softrdma: rc-pingpong: %v\n", err)
+	fmt.Fprintf(stderr, "softrdma: %s: %v\n", name, err)
 	return exitFail
 }

@@ -61,7 +61,29 @@ type Packet struct {
 	Buf []byte
 	// Addr is the destination on Send and the source on Receive.
 	Addr netip.AddrPort
+	// IP is what Receive knows of the IP header the datagram arrived with,
+	// beyond its addresses (Send ignores it). A UD responder rebuilds the
+	// header from it into the GRH it places at the head of the receive
+	// buffer, as Linux rxe copies the received header.
+	IP IPInfo
 }
+
+// IPInfo is the part of a received datagram's IP header that its addresses
+// and length do not give.
+type IPInfo struct {
+	ID        uint16 // IPv4 Identification: the one the ICRC verified with (0 for IPv6)
+	TTL       uint8  // IPv4 time to live or IPv6 hop limit
+	TOS       uint8  // IPv4 type of service (DSCP and ECN) or IPv6 traffic class
+	FlowLabel uint32 // IPv6 flow label (20 bits; 0 for IPv4)
+}
+
+// DefaultTTL and DefaultTOS are the IPv4 TTL (IPv6 hop limit) and TOS
+// (traffic class) a conn sends with, those of Linux rxe; a PipeConn
+// reports them for what it receives.
+const (
+	DefaultTTL = 64
+	DefaultTOS = 0
+)
 
 // Conn sends and receives RoCEv2 packets over UDP (or an in-memory pipe).
 //

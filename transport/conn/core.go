@@ -17,6 +17,7 @@ type item struct {
 	pb   *pbuf          // non-nil when buf is pb.b, a conn-owned copy
 
 	id      uint16 // receive: the IPv4 ID the ICRC verified with
+	ip      IPInfo // receive: the rest of the IP header that is known (TTL, TOS, flow label)
 	corrupt bool   // flip buf[pos] ^= mask: after the ICRC (send), before delivery (receive)
 	flipped bool   // send: the flip is applied (undo it before recomputing the ICRC)
 	pos     int32
@@ -27,8 +28,9 @@ type item struct {
 type rawDgram struct {
 	buf  []byte
 	from netip.AddrPort
-	pb   *pbuf // pipe: the queued copy, owned by the receiver now
-	gso  int   // GRO super-buffer: the segment size; 0: one datagram
+	pb   *pbuf  // pipe: the queued copy, owned by the receiver now
+	gso  int    // GRO super-buffer: the segment size; 0: one datagram
+	ip   IPInfo // TTL, TOS and flow label (the same for every GRO segment)
 }
 
 type tapBox struct{ t Tap }
@@ -326,7 +328,7 @@ func (c *core) deliver(pkts []Packet) int {
 					continue
 				}
 			}
-			pkts[n] = Packet{Buf: it.buf, Addr: it.addr}
+			pkts[n] = Packet{Buf: it.buf, Addr: it.addr, IP: it.ipInfo()}
 			if it.pb != nil {
 				c.rxOwned = append(c.rxOwned, it.pb)
 			}
@@ -342,7 +344,7 @@ func (c *core) deliver(pkts []Packet) int {
 			continue
 		}
 		if c.rx.idle() {
-			pkts[n] = Packet{Buf: it.buf, Addr: it.addr}
+			pkts[n] = Packet{Buf: it.buf, Addr: it.addr, IP: it.ipInfo()}
 			if it.pb != nil {
 				c.rxOwned = append(c.rxOwned, it.pb)
 			}
@@ -407,7 +409,14 @@ func (c *core) nextArrival() (it item, ok, more bool) {
 		c.pool.put(pb)
 		return item{}, false, true
 	}
-	return item{buf: b, addr: from, pb: pb, id: id}, true, true
+	return item{buf: b, addr: from, pb: pb, id: id, ip: r.ip}, true, true
+}
+
+// ipInfo returns what is known of the packet's IP header.
+func (it *item) ipInfo() IPInfo {
+	ip := it.ip
+	ip.ID = it.id
+	return ip
 }
 
 // verify checks the ICRC of a packet received from from, with IPv4 ID

@@ -103,7 +103,7 @@ func (p *PipeConn) emit(items []item) error {
 		}
 		pb := p.pool.copyOf(it.buf)
 		select {
-		case peer.q <- rawDgram{buf: pb.b, from: p.local, pb: pb}:
+		case peer.q <- rawDgram{buf: pb.b, from: p.local, pb: pb, ip: IPInfo{TTL: DefaultTTL, TOS: DefaultTOS}}:
 		default:
 			peer.stats.RecvQueueFull.Add(1)
 			p.pool.put(pb)

@@ -31,7 +31,7 @@ const (
 	sendMsgs   = 256        // messages per sendmmsg (the kernel takes up to UIO_MAXIOV = 1024)
 	sendIovecs = 1024       // iovecs per sendmmsg: one per packet
 	rxSlotSize = 64 << 10   // a receive slot holds the largest datagram or GRO super-buffer
-	rxCtlSize  = 64         // control buffer per receive slot (UDP_GRO needs 24 bytes)
+	rxCtlSize  = 128        // control buffer per receive slot: UDP_GRO and the IP header fields, 24 bytes each
 	maxGSO4    = 65535 - 28 // largest UDP payload of a GSO super-buffer, IPv4
 	maxGSO6    = 65535 - 8  // and IPv6 (the payload length excludes the IPv6 header)
 )
@@ -162,6 +162,12 @@ func (c *UDPConn) setup(cfg Config) error {
 				return
 			}
 		}
+		// The IP header fields a UD receive places in its GRH (TTL or hop
+		// limit, TOS or traffic class, flow label) come as control
+		// messages with every datagram.
+		if err = c.setRecvIPOpts(s); err != nil {
+			return
+		}
 		c.rcvBuf = c.setBuffer(s, unix.SO_RCVBUFFORCE, unix.SO_RCVBUF, cfg.RcvBuf, "receive", "SO_RCVBUFFORCE", "rmem_max")
 		c.sndBuf = c.setBuffer(s, unix.SO_SNDBUFFORCE, unix.SO_SNDBUF, cfg.SndBuf, "send", "SO_SNDBUFFORCE", "wmem_max")
 		// UDP_SEGMENT is readable where the kernel implements UDP GSO
@@ -200,6 +206,33 @@ func (c *UDPConn) setup(cfg Config) error {
 	}
 	c.gso.Store(gso && !cfg.DisableGSO)
 	return err
+}
+
+// ipv6FlowInfo is IPV6_FLOWINFO (linux/in6.h), which golang.org/x/sys
+// does not name: set to 1, it delivers the received flow information
+// (traffic class and flow label) as a control message.
+const ipv6FlowInfo = 11
+
+// setRecvIPOpts asks for the received IP header fields as control
+// messages: IP_RECVTTL and IP_RECVTOS, or IPV6_RECVHOPLIMIT,
+// IPV6_RECVTCLASS and IPV6_FLOWINFO.
+func (c *UDPConn) setRecvIPOpts(fd int) error {
+	type opt struct {
+		level, name int
+		what        string
+	}
+	opts := []opt{{unix.IPPROTO_IP, unix.IP_RECVTTL, "IP_RECVTTL"}, {unix.IPPROTO_IP, unix.IP_RECVTOS, "IP_RECVTOS"}}
+	if !c.is4 {
+		opts = []opt{{unix.IPPROTO_IPV6, unix.IPV6_RECVHOPLIMIT, "IPV6_RECVHOPLIMIT"},
+			{unix.IPPROTO_IPV6, unix.IPV6_RECVTCLASS, "IPV6_RECVTCLASS"},
+			{unix.IPPROTO_IPV6, ipv6FlowInfo, "IPV6_FLOWINFO"}}
+	}
+	for _, o := range opts {
+		if err := unix.SetsockoptInt(fd, o.level, o.name, 1); err != nil {
+			return fmt.Errorf("set %s: %w", o.what, err)
+		}
+	}
+	return nil
 }
 
 // setBuffer sets a socket buffer to want bytes (as read back; the kernel
@@ -532,14 +565,15 @@ func (c *UDPConn) read(want int) error {
 			c.stats.Short.Add(1)
 			continue
 		}
-		gso := 0
-		if c.gro {
-			gso = groSize(c.rctl[k*rxCtlSize : k*rxCtlSize+int(m.Hdr.Controllen)])
+		gso, ip := parseControl(c.rctl[k*rxCtlSize : k*rxCtlSize+int(m.Hdr.Controllen)])
+		if !c.gro {
+			gso = 0
 		}
 		c.rxRaw = append(c.rxRaw, rawDgram{
 			buf:  c.rbuf[k*rxSlotSize : k*rxSlotSize+int(m.Len)],
 			from: parseSockaddr(&c.rname[k]),
 			gso:  gso,
+			ip:   ip,
 		})
 	}
 	return nil
@@ -564,24 +598,41 @@ func (c *UDPConn) recvmmsg(fd uintptr) bool {
 	}
 }
 
-// groSize returns the segment size from a UDP_GRO control message, or 0.
-func groSize(ctl []byte) int {
+// parseControl returns the segment size of a UDP_GRO control message (0
+// if there is none) and the IP header fields of the IP_TTL, IP_TOS,
+// IPV6_HOPLIMIT, IPV6_TCLASS and IPV6_FLOWINFO ones.
+func parseControl(ctl []byte) (gso int, ip IPInfo) {
 	for len(ctl) >= unix.SizeofCmsghdr {
 		h, data, rest, err := unix.ParseOneSocketControlMessage(ctl)
-		if err != nil {
-			return 0
+		if err != nil || len(data) == 0 {
+			return gso, ip
 		}
-		if h.Level == unix.SOL_UDP && h.Type == unix.UDP_GRO {
-			switch {
-			case len(data) >= 4: // the kernel puts an int
-				return int(*(*int32)(unsafe.Pointer(&data[0])))
-			case len(data) >= 2:
-				return int(*(*uint16)(unsafe.Pointer(&data[0])))
-			}
+		// Ints are in host order; the flow information is big-endian.
+		var v int
+		switch {
+		case len(data) >= 4:
+			v = int(*(*int32)(unsafe.Pointer(&data[0])))
+		case len(data) >= 2:
+			v = int(*(*uint16)(unsafe.Pointer(&data[0])))
+		default:
+			v = int(data[0])
+		}
+		switch {
+		case h.Level == unix.SOL_UDP && h.Type == unix.UDP_GRO:
+			gso = v
+		case h.Level == unix.IPPROTO_IP && h.Type == unix.IP_TTL,
+			h.Level == unix.IPPROTO_IPV6 && h.Type == unix.IPV6_HOPLIMIT:
+			ip.TTL = uint8(v)
+		case h.Level == unix.IPPROTO_IP && h.Type == unix.IP_TOS:
+			ip.TOS = data[0] // one byte
+		case h.Level == unix.IPPROTO_IPV6 && h.Type == unix.IPV6_TCLASS:
+			ip.TOS = uint8(v)
+		case h.Level == unix.IPPROTO_IPV6 && h.Type == ipv6FlowInfo && len(data) >= 4:
+			ip.FlowLabel = (uint32(data[1])<<16 | uint32(data[2])<<8 | uint32(data[3])) & 0xfffff
 		}
 		ctl = rest
 	}
-	return 0
+	return gso, ip
 }
 
 // parseSockaddr converts a sockaddr_in or sockaddr_in6 (the scope ID is

@@ -5,11 +5,14 @@
 // QPN, PSN, rkey, virtual address, plus the RoCEv2 UDP port and the buffer
 // size), synchronize, and report results.
 //
-// The framing is softrdma's own: a preface ("SOFTRDMA" and a version
+// Every connection starts with perftest's version exchange (Perftest,
+// perftest.go): 16 bytes each way. A softrdma tool adds a mark after the
+// NUL of its version string; when both sides did, they switch to
+// softrdma's own framing (Conn): a preface ("SOFTRDMA" and a version
 // byte), then frames of a type byte, a 4-byte big-endian length and a
-// payload. The per-QP part of the handshake sits behind QPExchanger so that
-// a byte-exact perftest exchange (its KEY_PRINT_FMT_GID text messages) can
-// replace Native without touching the rest.
+// payload. Otherwise the peer is a stock perftest tool (or was told
+// --perftest) and the rest of the exchange is perftest's, byte for byte
+// (Perftest).
 package exchange
 
 import (

@@ -30,7 +30,11 @@ func (s *session) bwClient(ctx context.Context, size int64) (report.BW, []int64,
 	slots := int64(1)
 	if p.Verify && (verb == verbRead || verb == verbAtomic) {
 		cqMod = 1
-		if verb == verbRead {
+		switch {
+		case s.pt != nil && verb == verbRead:
+			_, slots = s.ptSlots(size)
+			depth = min(depth, slots)
+		case verb == verbRead:
 			slots = int64(ringSlots(p, size))
 			depth = min(depth, slots)
 		}
@@ -106,7 +110,11 @@ func (s *session) bwClient(ctx context.Context, size int64) (report.BW, []int64,
 			q, idx := wridQP(wc.WRID), wridIdx(wc.WRID)
 			total += idx + 1 - done[q]
 			done[q] = idx + 1
-			if p.Verify {
+			if p.Verify && s.pt != nil {
+				if err := s.ptVerify(q, idx, size); err != nil {
+					return report.BW{}, nil, err
+				}
+			} else if p.Verify {
 				if err := s.bwVerify(&chk, q, idx, size, slots); err != nil {
 					return report.BW{}, nil, err
 				}
@@ -114,6 +122,9 @@ func (s *session) bwClient(ctx context.Context, size int64) (report.BW, []int64,
 		}
 		last = now
 		peak.Add(now, total)
+	}
+	if s.pt != nil {
+		s.ptVerifyDone(size, total)
 	}
 	r := report.BW{Bytes: size, Iterations: total, Elapsed: last.Sub(start)}
 	r.PeakBps = peak.Peak(r.AvgBps())
@@ -126,6 +137,10 @@ func (s *session) bwWR(q int, i, size, slots int64, signaled bool, sgl []softrdm
 	wr := softrdma.SendWR{WRID: wrid(kindData, q, i), SGL: sgl, RemoteAddr: rem.VAddr, RKey: rem.RKey}
 	if signaled {
 		wr.Flags |= softrdma.SendSignaled
+	}
+	if s.pt != nil {
+		s.ptWR(&wr, q, i, size)
+		return wr
 	}
 	switch s.test.verb() {
 	case verbWrite, verbSend:
@@ -202,12 +217,9 @@ func (s *session) checkAtomicCounters(counts []int64) error {
 // until the client said how many it sent (duration runs); known is closed
 // then.
 func (s *session) sendBWServer(ctx context.Context, size int64, target func() (int64, bool), known <-chan struct{}) (report.BW, error) {
-	for q, qp := range s.qps {
-		for j := range s.p.RxDepth {
-			if _, err := qp.PostRecv(softrdma.RecvWR{WRID: wrid(kindRecv, q, int64(j)),
-				SGL: []softrdma.SGE{s.sge(q, 0, int(size))}}); err != nil {
-				return report.BW{}, fmt.Errorf("post recv: %w", err)
-			}
+	if !s.pm.preposted {
+		if err := s.sendBWPostRecvs(size); err != nil {
+			return report.BW{}, err
 		}
 	}
 	// wctx ends when the target becomes known, to wake a blocked Wait.
@@ -243,6 +255,9 @@ func (s *session) sendBWServer(ctx context.Context, size int64, target func() (i
 			if wridKind(wc.WRID) != kindRecv {
 				continue
 			}
+			if s.pt != nil && s.p.Verify && int64(wc.ByteLen) != size {
+				return report.BW{}, fmt.Errorf("%w: message %d is %d bytes, want %d", ErrMismatch, total, wc.ByteLen, size)
+			}
 			total++
 			q := wridQP(wc.WRID)
 			if _, err := s.qps[q].PostRecv(softrdma.RecvWR{WRID: wc.WRID, SGL: []softrdma.SGE{s.sge(q, 0, int(size))}}); err != nil {
@@ -257,4 +272,49 @@ func (s *session) sendBWServer(ctx context.Context, size int64, target func() (i
 	r := report.BW{Bytes: size, Iterations: total, Elapsed: last.Sub(start)}
 	r.PeakBps = peak.Peak(r.AvgBps())
 	return r, nil
+}
+
+// sendBWPostRecvs posts send-bw's rx-depth receives on every QP.
+func (s *session) sendBWPostRecvs(size int64) error {
+	for q, qp := range s.qps {
+		for j := range s.p.RxDepth {
+			if _, err := qp.PostRecv(softrdma.RecvWR{WRID: wrid(kindRecv, q, int64(j)),
+				SGL: []softrdma.SGE{s.sge(q, 0, int(size))}}); err != nil {
+				return fmt.Errorf("post recv: %w", err)
+			}
+		}
+	}
+	return nil
+}
+
+// ptWR fills message i of QP q as perftest's bandwidth client does
+// (ctx_set_send_wqes, increase_rem_addr): the remote address steps through
+// the peer's buffer; FETCH_AND_ADD adds 1, CMP_AND_SWAP compares with 0
+// and swaps in 0. A READ lands at the offset of its remote slot with
+// --verify (see ptLocalOff), everything else is sent from offset 0.
+func (s *session) ptWR(wr *softrdma.SendWR, q int, i, size int64) {
+	step, n := s.ptSlots(size)
+	wr.RemoteAddr += uint64(i % n * step)
+	switch s.test.verb() {
+	case verbWrite, verbSend:
+		wr.Opcode = softrdma.WRRDMAWrite
+		if s.test.verb() == verbSend {
+			wr.Opcode = softrdma.WRSend
+		}
+		wr.SGL[0] = s.sge(q, 0, int(size))
+		if size <= int64(s.p.Inline) {
+			wr.Flags |= softrdma.SendInline
+		}
+	case verbRead:
+		wr.Opcode = softrdma.WRRDMARead
+		wr.SGL[0] = s.sge(q, s.ptLocalOff(i, size), int(size))
+	case verbAtomic:
+		wr.SGL[0] = s.sge(q, int(i%int64(s.p.TxDepth))*8, 8)
+		if s.p.Atomic == CmpAndSwap {
+			wr.Opcode = softrdma.WRAtomicCmpAndSwp
+		} else {
+			wr.Opcode = softrdma.WRAtomicFetchAndAdd
+			wr.CompareAdd = 1
+		}
+	}
 }

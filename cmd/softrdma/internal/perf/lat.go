@@ -1,6 +1,7 @@
 package perf
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"time"
@@ -43,27 +44,19 @@ func (s *session) pingPong(ctx context.Context, size int64, target func() (int64
 	sendOff := stride
 	sendSlot := s.local(0)[sendOff : sendOff+int(size)]
 	write := s.test == WriteLat
-	verify := s.p.Verify
+	// A perftest peer writes plain WRITEs and checks nothing: the polled
+	// last byte is all there is.
+	verify := s.p.Verify && s.pt == nil
 	byCompletion := !write || verify
 	client := !s.server
 	side, peerSide := int64(0), int64(1)
 	if s.server {
 		side, peerSide = 1, 0
 	}
-	const recvs = 16
-	postRecv := func(j int64) error {
-		wr := softrdma.RecvWR{WRID: wrid(kindRecv, 0, j)}
-		if !write {
-			wr.SGL = []softrdma.SGE{s.sge(0, 0, int(size))}
-		}
-		_, err := qp.PostRecv(wr)
-		return err
-	}
-	if byCompletion {
-		for j := range int64(recvs) {
-			if err := postRecv(j); err != nil {
-				return report.Lat{}, 0, fmt.Errorf("post recv: %w", err)
-			}
+	postRecv := func(j int64) error { return s.latPostRecv(j, size) }
+	if byCompletion && !s.pm.preposted {
+		if err := s.latPostRecvs(size); err != nil {
+			return report.Lat{}, 0, err
 		}
 	}
 	sq, _ := s.queueDepths(size)
@@ -185,6 +178,14 @@ func (s *session) pingPong(ctx context.Context, size int64, target func() (int64
 	if s.p.Duration > 0 {
 		deadline = time.Now().Add(s.p.Duration)
 	}
+	// The leader sends message i and then waits for the peer's; the other
+	// side waits, then answers. The client leads, except with a perftest
+	// peer in write-lat: ib_write_lat's server writes first (and
+	// ib_send_lat's client sends first), as the captures show.
+	leader := client
+	if s.pt != nil && write {
+		leader = s.server
+	}
 	var prev time.Time
 	var i int64
 	for i = 1; ; i++ {
@@ -192,7 +193,7 @@ func (s *session) pingPong(ctx context.Context, size int64, target func() (int64
 			s.server && deadline.IsZero() && i > iters {
 			break
 		}
-		if s.server {
+		if !leader {
 			if err := wait(i); err == errStopped {
 				break
 			} else if err != nil {
@@ -207,7 +208,7 @@ func (s *session) pingPong(ctx context.Context, size int64, target func() (int64
 			lat.Record(now.Sub(prev) / 2)
 		}
 		prev = now
-		if client {
+		if leader {
 			if err := wait(i); err != nil {
 				return report.Lat{}, 0, err
 			}
@@ -226,6 +227,30 @@ func (s *session) pingPong(ctx context.Context, size int64, target func() (int64
 	return lat.Result(size, i-1), i - 1, nil
 }
 
+// latRecvs is the number of receives a latency test keeps posted.
+const latRecvs = 16
+
+// latPostRecv posts receive j of a latency test: into the receive slot for
+// send-lat, without buffer for write-lat's WRITE WITH IMMEDIATE.
+func (s *session) latPostRecv(j, size int64) error {
+	wr := softrdma.RecvWR{WRID: wrid(kindRecv, 0, j)}
+	if s.test != WriteLat {
+		wr.SGL = []softrdma.SGE{s.sge(0, 0, int(size))}
+	}
+	_, err := s.qps[0].PostRecv(wr)
+	return err
+}
+
+// latPostRecvs posts a latency test's receives.
+func (s *session) latPostRecvs(size int64) error {
+	for j := range int64(latRecvs) {
+		if err := s.latPostRecv(j, size); err != nil {
+			return fmt.Errorf("post recv: %w", err)
+		}
+	}
+	return nil
+}
+
 // readLat runs read-lat on the client (perftest's run_iter_lat for READ):
 // one READ at a time, timing each round trip (rtt_factor 1). With
 // --verify each READ is checked against the pattern the server wrote.
@@ -239,6 +264,7 @@ func (s *session) readLat(ctx context.Context, size int64) (report.Lat, int64, e
 	if s.p.Duration > 0 {
 		deadline = time.Now().Add(s.p.Duration)
 	}
+	var ref []byte // perftest peer, --verify: the first READ
 	var i int64
 	for ; deadline.IsZero() && i < s.p.Iters || !deadline.IsZero() && time.Now().Before(deadline); i++ {
 		t0 := time.Now()
@@ -254,11 +280,23 @@ func (s *session) readLat(ctx context.Context, size int64) (report.Lat, int64, e
 		if err := checkWC(&wcs[0]); err != nil {
 			return report.Lat{}, 0, err
 		}
-		if s.p.Verify {
+		switch {
+		case s.p.Verify && s.pt != nil: // against the first READ (see perftest.go)
+			got := s.local(0)[:size]
+			if ref == nil {
+				ref = bytes.Clone(got)
+			} else if k := firstDiff(got, ref); k >= 0 {
+				return report.Lat{}, 0, &MismatchError{What: fmt.Sprintf("READ %d against the first READ", i),
+					Offset: int64(k), Got: got[k], Want: ref[k], Message: i}
+			}
+		case s.p.Verify:
 			if err := chk.check(s.local(0)[:size], 0, fmt.Sprintf("READ %d", i)); err != nil {
 				return report.Lat{}, 0, err
 			}
 		}
+	}
+	if s.p.Verify && s.pt != nil {
+		s.pm.checked = append(s.pm.checked, fmt.Sprintf("%d READs of %d bytes equal the first", i, size))
 	}
 	return lat.Result(size, i), i, nil
 }

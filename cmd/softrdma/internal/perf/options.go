@@ -166,6 +166,10 @@ type Params struct {
 	// FileSize is the size of the client's --file (write-bw, send-bw);
 	// -1 when none.
 	FileSize int64 `json:"file_size"`
+
+	// perftest: the run uses perftest's exchange, where --verify of
+	// write-bw and send-bw streams nothing (see perftest.go).
+	perftest bool
 }
 
 // Sizes returns the message sizes to run: 2 to 2^23 with All, else Size.
@@ -191,6 +195,9 @@ type Options struct {
 	// Port is the TCP port of the exchange (perftest's -p, 18515); 0
 	// lets a server pick one (see Ready).
 	Port int
+	// ConnectTimeout makes a client retry a refused connection for this
+	// long (0: one attempt, as perftest).
+	ConnectTimeout time.Duration
 	// Bind is the RoCEv2 device's address: "IP" or "IP:port". The default
 	// is the IP of the TCP connection (the one that reaches the peer) and
 	// port 4791 for a server (an ephemeral port if 4791 is taken), an
@@ -205,6 +212,14 @@ type Options struct {
 	Pcap string
 	// Impair injects loss, reordering, ... (conn.ParseImpairment syntax).
 	Impair string
+	// Perftest makes this side speak perftest's exchange even to a
+	// softrdma peer (byte for byte: no softrdma mark in its version), as
+	// it does by itself with a stock perftest peer; see perftest.go.
+	Perftest bool
+	// Stat prints the device's non-zero counters at the end, also after
+	// a failure ("softrdma counters (local <-> peer):", then "  name =
+	// value" lines, as rc-pingpong --stat).
+	Stat bool
 	// JSON prints the results as JSON instead of text.
 	JSON bool
 	// ReportGbits prints BW in Gb/sec instead of MB/sec.
@@ -331,7 +346,7 @@ func (p *Params) Validate(t Test) error {
 	case p.Atomic != FetchAndAdd && p.Atomic != CmpAndSwap:
 		return fmt.Errorf("atomic type %q: must be %s or %s", p.Atomic, FetchAndAdd, CmpAndSwap)
 	}
-	if p.QPs != 1 && (p.FileSize >= 0 || p.Verify && (t == WriteBW || t == SendBW)) {
+	if p.QPs != 1 && (p.FileSize >= 0 || p.Verify && (t == WriteBW || t == SendBW)) && !p.perftest {
 		return fmt.Errorf("%s: --file and --verify stream over one QP (-q 1)", t)
 	}
 	if p.FileSize >= 0 && p.All {

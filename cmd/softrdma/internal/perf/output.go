@@ -16,7 +16,7 @@ func (s *session) printBanner(w io.Writer) {
 		QPs:      s.p.QPs,
 		MTU:      s.p.MTU,
 		Inline:   s.p.Inline,
-		Exchange: s.xch.Name(),
+		Exchange: s.exchangeName(),
 	}
 	if !s.server || s.test.IsLat() {
 		b.TxDepth = s.p.TxDepth
@@ -28,7 +28,7 @@ func (s *session) printBanner(w io.Writer) {
 		b.CQMod = s.p.CQMod
 	}
 	if v := s.test.verb(); v == verbRead || v == verbAtomic {
-		b.OutReads = 16 // softrdma.ConnectOptions' default max_rd_atomic
+		b.OutReads = s.outReads()
 	}
 	b.Print(w)
 	local := s.localInfos()
@@ -116,4 +116,32 @@ func nonZeroCounters(s *session) map[string]uint64 {
 		}
 	}
 	return m
+}
+
+// printStat prints the device's non-zero counters (--stat), in the order
+// the device lists them.
+func (s *session) printStat(w io.Writer) {
+	var peer any = "?"
+	if len(s.remote) > 0 {
+		peer = s.remote[0].Addr()
+	}
+	fmt.Fprintf(w, "softrdma counters (%v <-> %v):\n", s.dev.LocalAddr(), peer)
+	for _, c := range s.dev.Snapshot() {
+		if c.Value != 0 {
+			fmt.Fprintf(w, "  %s = %d\n", c.Name, c.Value)
+		}
+	}
+	// The socket's view (the device's counters above include the drops
+	// and impairments it counts): what left and what arrived, before
+	// --impair's receive side and after its send side. sent_pkts counts
+	// packets an impairment then dropped, rcvd_pkts does not count them.
+	cs := s.dev.ConnStats().Snapshot()
+	for _, c := range []struct {
+		name string
+		v    uint64
+	}{{"conn_sent_datagrams", cs.SentDatagrams}, {"conn_rcvd_datagrams", cs.RcvdDatagrams}, {"conn_send_errors", cs.SendErrors}} {
+		if c.v != 0 {
+			fmt.Fprintf(w, "  %s = %d\n", c.name, c.v)
+		}
+	}
 }

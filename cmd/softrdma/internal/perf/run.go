@@ -7,10 +7,12 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"net/netip"
 	"os"
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/softrdma/softrdma/cmd/softrdma/internal/exchange"
@@ -89,6 +91,9 @@ func Run(ctx context.Context, o *Options) (*Result, error) {
 	if s.dev != nil {
 		s.json.Counters = nonZeroCounters(s)
 		s.json.ODP = s.odpReport()
+		if o.Stat && !o.JSON {
+			s.printStat(o.Stdout)
+		}
 	}
 	s.json.PeerODP = s.peerODP
 	if o.JSON {
@@ -150,10 +155,25 @@ func (s *session) runClient(ctx context.Context) error {
 	if port == 0 {
 		port = exchange.DefaultPort
 	}
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "tcp", net.JoinHostPort(o.Server, strconv.Itoa(port)))
+	c, err := dial(ctx, net.JoinHostPort(o.Server, strconv.Itoa(port)), o.ConnectTimeout)
 	if err != nil {
 		return fmt.Errorf("connect to the server: %w", err)
+	}
+	s.tcpLocal, s.tcpRemote = tcpAddrs(c)
+	// Every run starts as perftest does (exchange_versions); a softrdma
+	// server answers the mark in this side's version and the two switch to
+	// softrdma's exchange, a perftest server does not.
+	pt := exchange.NewPerftest(c, true)
+	stop := context.AfterFunc(ctx, func() { c.Close() })
+	native, err := pt.ExchangeVersions(!o.Perftest)
+	stop()
+	if err != nil {
+		c.Close()
+		return ctxErr(ctx, err)
+	}
+	if !native {
+		s.pt = pt
+		return s.runPerftest(ctx)
 	}
 	if s.ctrl, err = exchange.New(c); err != nil {
 		return err
@@ -206,6 +226,54 @@ func (s *session) openOut() error {
 	return nil
 }
 
+// retryEvery is the pause between a client's connection attempts.
+const retryEvery = 200 * time.Millisecond
+
+// dial connects to addr, retrying a refused or unreachable connection
+// (the server not listening yet) until timeout has passed.
+func dial(ctx context.Context, addr string, timeout time.Duration) (net.Conn, error) {
+	deadline := time.Now().Add(timeout)
+	var d net.Dialer
+	for {
+		c, err := d.DialContext(ctx, "tcp", addr)
+		if err == nil {
+			return c, nil
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		retry := errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EHOSTUNREACH)
+		if !retry || time.Now().Add(retryEvery).After(deadline) {
+			return nil, err
+		}
+		select {
+		case <-time.After(retryEvery):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// tcpAddrs returns the local and remote IPs of a TCP connection.
+func tcpAddrs(c net.Conn) (local, remote netip.Addr) {
+	ip := func(a net.Addr) netip.Addr {
+		if t, ok := a.(*net.TCPAddr); ok {
+			return t.AddrPort().Addr().Unmap()
+		}
+		ap, _ := netip.ParseAddrPort(a.String())
+		return ap.Addr().Unmap()
+	}
+	return ip(c.LocalAddr()), ip(c.RemoteAddr())
+}
+
+// ctxErr returns ctx's error if it ended, else err.
+func ctxErr(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return err
+}
+
 // tellPeer sends err to the peer unless it came from the peer, and returns
 // it.
 func (s *session) tellPeer(err error) error {
@@ -253,6 +321,19 @@ func (s *session) runServer(ctx context.Context) error {
 		return fmt.Errorf("accept: %w", err)
 	}
 	ln.Close() // one client, as perftest
+	s.tcpLocal, s.tcpRemote = tcpAddrs(c)
+	pt := exchange.NewPerftest(c, false)
+	stop := context.AfterFunc(ctx, func() { c.Close() })
+	native, err := pt.ExchangeVersions(!o.Perftest)
+	stop()
+	if err != nil {
+		c.Close()
+		return ctxErr(ctx, err)
+	}
+	if !native {
+		s.pt = pt
+		return s.runPerftest(ctx)
+	}
 	if s.ctrl, err = exchange.New(c); err != nil {
 		return err
 	}

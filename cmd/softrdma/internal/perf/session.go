@@ -24,9 +24,16 @@ type session struct {
 	server bool
 	ctrl   *exchange.Conn
 	xch    exchange.QPExchanger
-	ctx    context.Context // canceled when the control channel closes
-	unit   report.Unit
-	json   report.JSON // the report, filled as the run goes
+	// pt is perftest's exchange when the peer is a stock perftest tool
+	// (or --perftest); ctrl and xch are nil then. See perftest.go.
+	pt *exchange.Perftest
+	pm ptMode // perftest mode's state
+	// tcpLocal and tcpRemote are the control connection's addresses: the
+	// IP that reaches the peer, and the peer's.
+	tcpLocal, tcpRemote netip.Addr
+	ctx                 context.Context // canceled when the control channel closes
+	unit                report.Unit
+	json                report.JSON // the report, filled as the run goes
 
 	dev    *softrdma.Device
 	ownDev bool
@@ -68,6 +75,9 @@ func ringSlots(p *Params, size int64) int {
 // control (--file, or --verify of WRITE and SEND) rather than perftest's
 // fixed buffer.
 func (s *session) streams() bool {
+	if s.pt != nil {
+		return false // the perftest peer knows no streams
+	}
 	return s.fileSize >= 0 || s.p.Verify && (s.test == WriteBW || s.test == SendBW)
 }
 
@@ -80,6 +90,9 @@ func (s *session) regionSize() int {
 	var maxSize int64
 	for _, n := range s.p.Sizes() {
 		maxSize = max(maxSize, n)
+	}
+	if s.pt != nil {
+		return s.ptRegionSize(maxSize)
 	}
 	switch {
 	case s.test.verb() == verbAtomic:
@@ -110,10 +123,12 @@ func (s *session) openDevice() error {
 	}
 	ip := bind.Addr()
 	if !ip.IsValid() {
-		ip = s.ctrl.LocalAddr().Addr()
+		ip = s.tcpLocal
 	}
 	port := bind.Port()
-	if !hasPort && s.server {
+	if !hasPort && (s.server || s.pt != nil) {
+		// A perftest peer sends to 4791 whichever side it is: its
+		// exchange carries no port.
 		port = DefServerPort
 	}
 	imp, err := ParseImpair(s.o.Impair)
@@ -134,6 +149,9 @@ func (s *session) openDevice() error {
 		cfg.Tap = s.tap
 	}
 	s.dev, err = softrdma.Open(cfg)
+	if err != nil && s.pt != nil {
+		return fmt.Errorf("%w (a perftest peer sends to UDP port %d: its exchange carries no port)", err, DefServerPort)
+	}
 	if err != nil && s.server && !hasPort {
 		// 4791 is taken (another server, a daemon): any port will do, the
 		// exchange tells the client which.
@@ -205,6 +223,9 @@ func (s *session) close() {
 	}
 	if s.ctrl != nil {
 		s.ctrl.Close()
+	}
+	if s.pt != nil {
+		s.pt.Close(false) // a no-op after closePerftest
 	}
 }
 

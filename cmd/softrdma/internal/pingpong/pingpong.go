@@ -68,6 +68,11 @@ const (
 
 // Options are rc_pingpong's flags, plus softrdma's own.
 type Options struct {
+	// Type is the QP type: QPTypeRC (0 means RC) for ibv_rc_pingpong,
+	// QPTypeUC for ibv_uc_pingpong, QPTypeUD for ibv_ud_pingpong. The TCP
+	// exchange is the same; UD sends size bytes and receives size + 40
+	// (the GRH) into the same buffer, with ud_pingpong's Q_Key.
+	Type    softrdma.QPType
 	Server  string // the server's host; empty: be the server
 	Port    int    // TCP port of the exchange (-p)
 	Size    int    // message size in bytes (-s)
@@ -131,10 +136,47 @@ func (o *Options) Validate() error {
 	if o.SL < 0 || o.SL > 15 {
 		return usagef("-l %d: service level is 0-15", o.SL)
 	}
+	switch o.Type {
+	case 0:
+		o.Type = softrdma.QPTypeRC
+	case softrdma.QPTypeRC, softrdma.QPTypeUC:
+	case softrdma.QPTypeUD:
+		if o.Size > o.MTU {
+			// ud_pingpong: "Requested size larger than port MTU".
+			return usagef("-s %d: requested size larger than the MTU (%d)", o.Size, o.MTU)
+		}
+		if o.Check {
+			return usagef("-c: ud-pingpong has no -c")
+		}
+	default:
+		return usagef("QP type %v: RC, UC or UD", o.Type)
+	}
 	if o.Stdout == nil {
 		o.Stdout = io.Discard
 	}
 	return nil
+}
+
+// udQKey is ud_pingpong's Q_Key.
+const udQKey = 0x11111111
+
+// name returns the command's name, for messages.
+func (o *Options) name() string {
+	switch o.Type {
+	case softrdma.QPTypeUC:
+		return "uc-pingpong"
+	case softrdma.QPTypeUD:
+		return "ud-pingpong"
+	}
+	return "rc-pingpong"
+}
+
+// grh is the room a UD receive needs before the message: the GRH.
+func (o *Options) grh() int {
+	if o.Type == softrdma.QPTypeUD {
+		return softrdma.GRHSize
+	}
+	return 0
 }
 
 func mtuCode(bytes int) softrdma.MTU {
@@ -159,6 +201,7 @@ type run struct {
 	my     Dest
 	rem    Dest
 	peer   netip.AddrPort // the peer's RoCEv2 address
+	ah     *softrdma.AH   // UD: the address handle of the peer
 	wcs    []softrdma.WC
 	want   []byte // Verify: what the next message received must hold (nil: not known yet)
 	checks int    // Verify: messages checked
@@ -231,8 +274,8 @@ func Run(ctx context.Context, o Options) (err error) {
 func (r *run) setup(bind netip.AddrPort) error {
 	o := r.o
 	if bind.Port() != wire.RoCEv2Port {
-		r.logf("rc-pingpong: the device binds UDP port %d; a stock peer sends to %d (the exchange has no port)",
-			bind.Port(), wire.RoCEv2Port)
+		r.logf("%s: the device binds UDP port %d; a stock peer sends to %d (the exchange has no port)",
+			o.name(), bind.Port(), wire.RoCEv2Port)
 	}
 	cfg := softrdma.Config{Addr: bind, Logf: o.Logf}
 	if o.Pcap != "" {
@@ -250,13 +293,13 @@ func (r *run) setup(bind netip.AddrPort) error {
 		return fmt.Errorf("couldn't allocate PD: %w", err)
 	}
 	page := os.Getpagesize()
-	n := (max(o.Size, 1) + page - 1) / page * page
+	n := (max(o.Size+o.grh(), 1) + page - 1) / page * page
 	// memalign(page_size, size) and memset 0x7b, as pp_init_ctx; outside
 	// the Go heap, like memory a NIC writes by DMA.
 	if r.buf, err = unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE); err != nil {
 		return fmt.Errorf("couldn't allocate work buf: %w", err)
 	}
-	for i := range r.buf[:o.Size] {
+	for i := range r.buf[:o.Size+o.grh()] {
 		r.buf[i] = 0x7b
 	}
 	if r.mr, err = r.dev.RegMR(r.pd, r.buf, softrdma.AccessLocalWrite); err != nil {
@@ -266,15 +309,20 @@ func (r *run) setup(bind netip.AddrPort) error {
 		return fmt.Errorf("couldn't create CQ: %w", err)
 	}
 	r.qp, err = r.dev.CreateQP(r.pd, softrdma.QPInitAttr{
-		SendCQ: r.cq, RecvCQ: r.cq, Type: softrdma.QPTypeRC,
+		SendCQ: r.cq, RecvCQ: r.cq, Type: o.Type,
 		Cap: softrdma.Cap{MaxSendWR: 1, MaxRecvWR: o.RxDepth, MaxSendSGE: 1, MaxRecvSGE: 1},
 	})
 	if err != nil {
 		return fmt.Errorf("couldn't create QP: %w", err)
 	}
-	// RESET -> INIT with qp_access_flags 0, as pp_init_ctx.
-	if err := r.qp.Modify(&softrdma.QPAttr{State: softrdma.QPStateInit, PKeyIndex: 0, Port: 1},
-		softrdma.QPAttrState|softrdma.QPAttrPKeyIndex|softrdma.QPAttrPort|softrdma.QPAttrAccessFlags); err != nil {
+	// RESET -> INIT with qp_access_flags 0, as pp_init_ctx (UD: the
+	// Q_Key instead).
+	init, mask := &softrdma.QPAttr{State: softrdma.QPStateInit, PKeyIndex: 0, Port: 1},
+		softrdma.QPAttrState|softrdma.QPAttrPKeyIndex|softrdma.QPAttrPort|softrdma.QPAttrAccessFlags
+	if o.Type == softrdma.QPTypeUD {
+		init.QKey, mask = udQKey, mask&^softrdma.QPAttrAccessFlags|softrdma.QPAttrQKey
+	}
+	if err := r.qp.Modify(init, mask); err != nil {
 		return fmt.Errorf("failed to modify QP to INIT: %w", err)
 	}
 	if routs := r.postRecv(o.RxDepth); routs < o.RxDepth {
@@ -284,7 +332,7 @@ func (r *run) setup(bind netip.AddrPort) error {
 	if o.GIDIndex >= 0 {
 		r.my.GID = r.dev.GID()
 	} else {
-		r.logf("rc-pingpong: without -g this side advertises the zero GID, which a RoCE peer cannot address (use -g 1 with rxe)")
+		r.logf("%s: without -g this side advertises the zero GID, which a RoCE peer cannot address (use -g 1 with rxe)", o.name())
 	}
 	return nil
 }
@@ -297,7 +345,7 @@ func (r *run) connect(rem Dest, tcpPeer netip.Addr) error {
 	ip := GIDAddr(rem.GID)
 	switch {
 	case !HasGRH(rem.GID):
-		r.logf("rc-pingpong: the peer's GID is zero (no -g on its side); addressing it at %v, its TCP address", tcpPeer)
+		r.logf("%s: the peer's GID is zero (no -g on its side); addressing it at %v, its TCP address", r.o.name(), tcpPeer)
 		ip = tcpPeer
 	case ip.Is6() && ip.IsLinkLocalUnicast():
 		return fmt.Errorf("the peer's GID %v is link-local, which needs an interface; give the peer the -g index of a routable GID", ip)
@@ -307,6 +355,12 @@ func (r *run) connect(rem Dest, tcpPeer netip.Addr) error {
 		return fmt.Errorf("the peer's address %v and this device's %v are of different IP families (see -g on the peer, --bind here)", ip, local)
 	}
 	r.peer = netip.AddrPortFrom(ip, wire.RoCEv2Port)
+	switch r.o.Type {
+	case softrdma.QPTypeUC:
+		return r.connectUC(rem)
+	case softrdma.QPTypeUD:
+		return r.connectUD(rem)
+	}
 	if err := r.qp.Modify(&softrdma.QPAttr{
 		State: softrdma.QPStateRTR, Dest: r.peer, PathMTU: mtuCode(r.o.MTU), DestQPN: softrdma.QPN(rem.QPN),
 		RQPSN: softrdma.PSN(rem.PSN), MaxDestRdAtomic: rdAtomic, MinRNRTimer: minRNRTimer,
@@ -324,14 +378,53 @@ func (r *run) connect(rem Dest, tcpPeer netip.Addr) error {
 	return nil
 }
 
+// connectUC is uc_pingpong's pp_connect_ctx: RTR with the path (no
+// READ/atomic credits or RNR timer) and RTS with the SQ PSN only.
+func (r *run) connectUC(rem Dest) error {
+	if err := r.qp.Modify(&softrdma.QPAttr{
+		State: softrdma.QPStateRTR, Dest: r.peer, PathMTU: mtuCode(r.o.MTU), DestQPN: softrdma.QPN(rem.QPN),
+		RQPSN: softrdma.PSN(rem.PSN),
+	}, softrdma.QPAttrState|softrdma.QPAttrAV|softrdma.QPAttrPathMTU|softrdma.QPAttrDestQPN|softrdma.QPAttrRQPSN); err != nil {
+		return fmt.Errorf("failed to modify QP to RTR: %w", err)
+	}
+	if err := r.qp.Modify(&softrdma.QPAttr{State: softrdma.QPStateRTS, SQPSN: softrdma.PSN(r.my.PSN)},
+		softrdma.QPAttrState|softrdma.QPAttrSQPSN); err != nil {
+		return fmt.Errorf("failed to modify QP to RTS: %w", err)
+	}
+	return nil
+}
+
+// connectUD is ud_pingpong's pp_connect_ctx: RTR, RTS with the SQ PSN,
+// and an address handle for the peer (GRH with hop limit 1).
+func (r *run) connectUD(rem Dest) error {
+	if err := r.qp.Modify(&softrdma.QPAttr{State: softrdma.QPStateRTR}, softrdma.QPAttrState); err != nil {
+		return fmt.Errorf("failed to modify QP to RTR: %w", err)
+	}
+	if err := r.qp.Modify(&softrdma.QPAttr{State: softrdma.QPStateRTS, SQPSN: softrdma.PSN(r.my.PSN)},
+		softrdma.QPAttrState|softrdma.QPAttrSQPSN); err != nil {
+		return fmt.Errorf("failed to modify QP to RTS: %w", err)
+	}
+	attr := softrdma.AHAttrFor(r.peer)
+	attr.GRH.HopLimit, attr.SL = 1, uint8(r.o.SL)
+	var err error
+	if r.ah, err = r.dev.CreateAH(r.pd, attr); err != nil {
+		return fmt.Errorf("failed to create AH: %w", err)
+	}
+	return nil
+}
+
+// sge is the message: the buffer, after the GRH on UD.
 func (r *run) sge() softrdma.SGE {
-	return softrdma.SGE{Addr: r.mr.Addr(), Length: uint32(r.o.Size), LKey: r.mr.LKey()}
+	return softrdma.SGE{Addr: r.mr.Addr() + uint64(r.o.grh()), Length: uint32(r.o.Size), LKey: r.mr.LKey()}
 }
 
 // postRecv posts up to n receives of the whole message into the buffer
-// and returns how many it posted (pp_post_recv).
+// and returns how many it posted (pp_post_recv; UD: the GRH and the
+// message).
 func (r *run) postRecv(n int) int {
-	wr := softrdma.RecvWR{WRID: recvWRID, SGL: []softrdma.SGE{r.sge()}}
+	sge := r.sge()
+	sge.Addr, sge.Length = r.mr.Addr(), sge.Length+uint32(r.o.grh())
+	wr := softrdma.RecvWR{WRID: recvWRID, SGL: []softrdma.SGE{sge}}
 	for i := range n {
 		if _, err := r.qp.PostRecv(wr); err != nil {
 			return i
@@ -341,8 +434,12 @@ func (r *run) postRecv(n int) int {
 }
 
 func (r *run) postSend() error {
-	_, err := r.qp.PostSend(softrdma.SendWR{WRID: sendWRID, Opcode: softrdma.WRSend,
-		SGL: []softrdma.SGE{r.sge()}, Flags: softrdma.SendSignaled})
+	wr := softrdma.SendWR{WRID: sendWRID, Opcode: softrdma.WRSend,
+		SGL: []softrdma.SGE{r.sge()}, Flags: softrdma.SendSignaled}
+	if r.ah != nil {
+		wr.AH, wr.RemoteQPN, wr.RemoteQKey = r.ah, softrdma.QPN(r.rem.QPN), udQKey
+	}
+	_, err := r.qp.PostSend(wr)
 	if err != nil {
 		return fmt.Errorf("couldn't post send: %w", err)
 	}
@@ -353,7 +450,7 @@ func (r *run) postSend() error {
 func (r *run) pingpong(ctx context.Context) error {
 	o := r.o
 	page := os.Getpagesize()
-	msg := r.buf[:o.Size]
+	msg := r.buf[o.grh() : o.grh()+o.Size]
 	pending := recvWRID
 	if o.Server != "" {
 		if o.Verify {
@@ -439,8 +536,8 @@ func (r *run) verify(wc *softrdma.WC, msg []byte, n int) error {
 	if !r.o.Verify {
 		return nil
 	}
-	if int(wc.ByteLen) != len(msg) {
-		return fmt.Errorf("%w: message %d is %d bytes, expected %d", ErrData, n, wc.ByteLen, len(msg))
+	if int(wc.ByteLen) != len(msg)+r.o.grh() {
+		return fmt.Errorf("%w: message %d is %d bytes, expected %d", ErrData, n, wc.ByteLen, len(msg)+r.o.grh())
 	}
 	if r.want == nil { // server: the first message is the reference
 		r.want = bytes.Clone(msg)
@@ -502,6 +599,9 @@ func (r *run) close() {
 	if r.qp != nil {
 		r.dev.DestroyQP(r.qp)
 	}
+	if r.ah != nil {
+		r.dev.DestroyAH(r.ah)
+	}
 	if r.mr != nil {
 		r.dev.DeregMR(r.mr)
 	}
@@ -513,7 +613,7 @@ func (r *run) close() {
 	}
 	if r.tap != nil {
 		if err := r.tap.Close(); err != nil {
-			r.logf("rc-pingpong: --pcap: %v", err)
+			r.logf("%s: --pcap: %v", r.o.name(), err)
 		}
 	}
 }
