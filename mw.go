@@ -179,6 +179,9 @@ func (d *Device) ReregMR(mr *MR, flags ReregFlags, pd *PD, buf []byte, access Ac
 		}
 		pdID = pd.id
 	}
+	// A remap of the same MR works on its key and table: one at a time.
+	d.remapMu.Lock()
+	defer d.remapMu.Unlock()
 	if err := d.place.ReregMR(mr, flags, pdID, buf, access); err != nil {
 		return err
 	}

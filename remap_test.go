@@ -18,7 +18,8 @@ import (
 // (with its own CQ) and a QP on B in pdB.
 type link struct {
 	qa, qb *softrdma.QP
-	cq     *softrdma.CQ
+	cq     *softrdma.CQ // A's
+	cqb    *softrdma.CQ // B's
 }
 
 func newLink(t *testing.T, p *softrdmatest.Pair, pdB *softrdma.PD) *link {
@@ -35,7 +36,7 @@ func newLink(t *testing.T, p *softrdmatest.Pair, pdB *softrdma.PD) *link {
 	o := softrdma.ConnectOptions{MinRNRTimer: 1}
 	require.NoError(t, softrdma.Connect(qa, softrdma.Endpoint{Addr: p.B.Dev.LocalAddr(), QPN: qb.QPN(), PSN: 100}, 200, o))
 	require.NoError(t, softrdma.Connect(qb, softrdma.Endpoint{Addr: p.A.Dev.LocalAddr(), QPN: qa.QPN(), PSN: 200}, 100, o))
-	return &link{qa: qa, qb: qb, cq: cqa}
+	return &link{qa: qa, qb: qb, cq: cqa, cqb: cqb}
 }
 
 // asMR allocates n bytes of B's address space and registers them pinned
@@ -264,4 +265,56 @@ func TestRemapBadInput(t *testing.T) {
 	rep, err := p.B.Dev.RemapRange(m.Addr(), 16, softrdma.ScopeMR, softrdma.PolicyHold)
 	require.NoError(t, err)
 	require.Equal(t, 1, rep.PagesMoved)
+}
+
+// TestSuspendQPAllowedWindow: the qp-allowed scope includes the QP a type 2
+// window on the MR is bound to (and not the other QPs of the PD): b1
+// writes m1 itself (paused by the MR's own gate), b2 holds the window on m1
+// (paused by the scope) but writes m2, b3 in the same PD and b4 in another
+// PD go on.
+func TestSuspendQPAllowedWindow(t *testing.T) {
+	p := softrdmatest.NewPair(t, softrdmatest.Options{})
+	pd2, err := p.B.Dev.AllocPD()
+	require.NoError(t, err)
+	links := []*link{newLink(t, p, p.B.PD), newLink(t, p, p.B.PD), newLink(t, p, p.B.PD), newLink(t, p, pd2)}
+	as := mustAS(t, p.B)
+	mem, err := as.Alloc(2 * pageSize)
+	require.NoError(t, err)
+	m1, err := p.B.Dev.RegMR(p.B.PD, mem, rw|softrdma.AccessMWBind)
+	require.NoError(t, err)
+	w, err := p.B.Dev.AllocMW(p.B.PD, softrdma.MWType2)
+	require.NoError(t, err)
+	_, err = links[1].qb.PostSend(softrdma.SendWR{WRID: 9, Opcode: softrdma.WRBindMW, Flags: softrdma.SendSignaled,
+		BindMW: softrdma.MWBind{MW: w, RKey: softrdma.IncRKey(w.RKey()), Info: softrdma.MWBindInfo{MR: m1, Addr: m1.Addr() + pageSize,
+			Length: pageSize, Access: softrdma.AccessRemoteWrite}}})
+	require.NoError(t, err)
+	require.Equal(t, softrdma.WCSuccess, waitWC(t, links[1].cqb, 1)[0].Status)
+	_, m2 := asMR(t, p.B, p.B.PD, pageSize)
+	_, m3 := asMR(t, p.B, p.B.PD, pageSize)
+	_, m4 := asMR(t, p.B, pd2, pageSize)
+	targets := []*softrdma.MR{m1, m2, m3, m4}
+	_, src := reg(t, p.A, pageSize, rw)
+	s, err := p.B.Dev.Suspend(softrdma.ScopeQPAllowed, m1, softrdma.PolicyHold)
+	require.NoError(t, err)
+	paused := []bool{true, true, false, false}
+	for i, l := range links {
+		postWrite(t, l.qa, uint64(i), src, 0, 100, targets[i], targets[i].Addr())
+	}
+	for i, l := range links {
+		if !paused[i] {
+			require.Equal(t, softrdma.WCSuccess, waitWC(t, l.cq, 1)[0].Status, "QP %d", i)
+		}
+	}
+	require.Eventually(t, func() bool { return p.B.Dev.SuspendCounters().Held >= 2 },
+		20*time.Second, 100*time.Microsecond, "the paused QPs' WRITEs reach B")
+	rep, err := p.B.Dev.Resume(s)
+	require.NoError(t, err)
+	for i, l := range links {
+		if paused[i] {
+			require.Equal(t, softrdma.WCSuccess, waitWC(t, l.cq, 1)[0].Status, "QP %d after resume", i)
+		}
+	}
+	require.Equal(t, 2, rep.QPsPaused)
+	require.NoError(t, p.B.Dev.DeallocMW(w))
+	require.NoError(t, p.B.Dev.DeregMR(m1))
 }

@@ -147,7 +147,14 @@ func (d *Device) Suspend(scope placement.Scope, mr *placement.MR, policy PausePo
 		s.pd = mr.PD()
 	}
 	if scope == placement.ScopeQPAllowed {
-		s.qpns = mr.AdvertisedTo()
+		// The QPs allowed to use the MR: those its rkey was declared
+		// advertised to, and those its type 2 windows are bound to. A
+		// type 1 window, usable by any QP of the PD, or no declaration
+		// at all, means the whole PD (qpns stays empty).
+		wqps, type1 := d.place.WindowQPs(mr)
+		if adv := mr.AdvertisedTo(); !type1 && len(adv)+len(wqps) > 0 {
+			s.qpns = append(adv, wqps...)
+		}
 	}
 	s.base = d.susp.counters()
 	d.susp.policy.Store(uint32(policy))
