@@ -187,7 +187,7 @@ func (d *Device) handleUnreliable(qp *QP, pkt *conn.Packet, p *wire.Packet) {
 	}
 	d.reader.Enter()
 	if qp.held != 0 || d.susp.active.Load() != 0 && d.qpPaused(qp) {
-		qp.pausedGen.Store(d.susp.gen.Load())
+		d.markPaused(qp)
 		if PausePolicy(d.susp.policy.Load()) == PolicyNAK && qp.held == 0 {
 			d.susp.dropped.Add(1)
 			c.drop(DropSuspended)
@@ -218,7 +218,7 @@ func (d *Device) handleUnreliable(qp *QP, pkt *conn.Packet, p *wire.Packet) {
 // or under PolicyNAK dropped, since no RNR NAK exists on these services.
 func (qp *QP) datagramSuspended() {
 	d := qp.dev
-	qp.pausedGen.Store(d.susp.gen.Load())
+	d.markPaused(qp)
 	if PausePolicy(d.susp.policy.Load()) == PolicyNAK {
 		d.susp.dropped.Add(1)
 		d.counters.drop(DropSuspended)
