@@ -764,7 +764,12 @@ func (b *bed) measure(tr *traffic, cfg Config, wait func(time.Duration) error, r
 		}
 		m.on.add(on)
 		m.off.add(off)
-		m.ratios = append(m.ratios, b.rate(on, nGroups)/b.rate(off, nGroups))
+		// A slice in which the untouched QPs moved nothing (a loaded
+		// machine starved them) has no ratio; it is left out rather than
+		// poisoning the quartiles with NaN or +Inf.
+		if r := b.rate(on, nGroups) / b.rate(off, nGroups); !math.IsNaN(r) && !math.IsInf(r, 0) {
+			m.ratios = append(m.ratios, r)
+		}
 	}
 	m.cycles = n
 	return m, nil

@@ -67,7 +67,6 @@ type ptMode struct {
 	// (read-bw, read-lat and atomic-bw --verify).
 	refs    [][][]byte
 	checked []string // what --verify checked
-	peerRep *exchange.PerftestReport
 }
 
 // Perftest-mode constants.
@@ -469,7 +468,6 @@ func (s *session) ptRunSide(ctx context.Context, sizes []int64) error {
 		return err
 	}
 	if s.server {
-		s.pm.peerRep = &rem
 		bw := peerBW(&rem, s.unit)
 		row(&roundResult{BW: &bw})
 	}
