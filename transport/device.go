@@ -73,6 +73,7 @@ type Device struct {
 
 	// closing asks the receive loop to send its pending ACKs before Close
 	// closes the socket; it closes acksFlushed when it has.
+	warned          [NumDropReasons]atomic.Uint64 // warnDrop's per-reason counts
 	closing         atomic.Bool
 	acksFlushed     chan struct{}
 	acksFlushedOnce sync.Once
@@ -367,6 +368,15 @@ func (d *Device) rxLoop() {
 	}
 }
 
+// warnDrop logs a dropped packet that a peer should not have sent (the
+// log names the peer and what it asked), rate-limited per reason: the first
+// 10, then one in 1000. The drop itself is counted by the caller.
+func (d *Device) warnDrop(r DropReason, format string, args ...any) {
+	if n := d.warned[r].Add(1); n <= 10 || n%1000 == 0 {
+		d.logf(format, args...)
+	}
+}
+
 // handle is the receive demux (rxe_rcv's checklist): decode, find the QP,
 // check P_Key and peer, then hand requests to the responder and responses
 // to the completer. Every drop is counted by reason.
@@ -375,8 +385,13 @@ func (d *Device) handle(pkt *conn.Packet, p *wire.Packet) {
 	if err := wire.Parse(pkt.Buf, p); err != nil {
 		if errors.Is(err, wire.ErrUnknownOpcode) {
 			c.drop(DropUnknownOpcode)
+			if len(pkt.Buf) > 0 {
+				// XRC, RD, CNP and reserved opcodes: not implemented.
+				d.warnDrop(DropUnknownOpcode, "softrdma: dropped a packet from %v: opcode %#02x is not supported (RC, UC and UD only)", pkt.Addr, pkt.Buf[0])
+			}
 		} else {
 			c.drop(DropMalformed)
+			d.warnDrop(DropMalformed, "softrdma: dropped a malformed packet from %v: %v", pkt.Addr, err)
 		}
 		return
 	}
@@ -392,6 +407,7 @@ func (d *Device) handle(pkt *conn.Packet, p *wire.Packet) {
 	}
 	if p.Opcode().Transport() != qp.typ.transport() {
 		c.drop(DropUnknownOpcode) // not of the QP's service (rxe check_type_state)
+		d.warnDrop(DropUnknownOpcode, "softrdma: dropped a packet from %v: opcode %v for QP %d, which is not of that service", pkt.Addr, p.Opcode(), bth.DestQP())
 		return
 	}
 	if qp.typ != QPTypeRC {

@@ -1,8 +1,10 @@
 package transport
 
 import (
+	"fmt"
 	"github.com/softrdma/softrdma/hostmem"
 	"net/netip"
+	"sync"
 	"testing"
 	"time"
 
@@ -403,4 +405,29 @@ func TestRNRWaitEndsWithACK(t *testing.T) {
 	op, _, psn = r.answer()
 	require.Equal(t, wire.OpRDMAWriteOnly, op)
 	require.Equal(t, wire.PSN(5001), psn, "the next request is sent")
+}
+
+// TestUnsupportedOpcodeLogged: an opcode we do not implement (XRC's SEND
+// ONLY, 0xA4) is dropped, counted, and the log names the peer and the
+// opcode (issue 5 item 7), rate-limited.
+func TestUnsupportedOpcodeLogged(t *testing.T) {
+	a, b := conn.NewPipe()
+	var logs []string
+	var mu sync.Mutex
+	d, err := NewDevice(Config{Conn: b, Placement: placement.New(placement.Config{}),
+		Logf: func(f string, args ...any) { mu.Lock(); logs = append(logs, fmt.Sprintf(f, args...)); mu.Unlock() }})
+	require.NoError(t, err)
+	defer func() { d.Close(); a.Close() }()
+	pkt := make([]byte, wire.BTHSize+16+wire.ICRCSize)
+	wire.BTH(pkt).Encode(&wire.BTHFields{Opcode: 0xA4, PKey: 0xffff, DestQP: 0x11, PSN: 1})
+	var p wire.Packet
+	for range 12 {
+		d.handle(&conn.Packet{Buf: pkt, Addr: a.LocalAddr()}, &p)
+	}
+	require.Equal(t, uint64(12), d.counters.Drops[DropUnknownOpcode].Load())
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, logs, 10, "rate-limited: the first 10")
+	require.Contains(t, logs[0], a.LocalAddr().String())
+	require.Contains(t, logs[0], "opcode 0xa4 is not supported")
 }
