@@ -19,7 +19,7 @@ type Endpoint struct {
 // ConnectOptions are the connection attributes; a zero field takes the
 // default named on it (perftest's values where perftest has one).
 type ConnectOptions struct {
-	MTU         MTU    // path MTU; default MTU4096
+	MTU         MTU    // path MTU; default the device's active MTU (from the link MTU, as rxe)
 	Access      Access // qp_access_flags; default REMOTE_WRITE|REMOTE_READ|REMOTE_ATOMIC
 	Timeout     uint8  // local ACK timeout exponent; default 14 (67 ms), as perftest
 	RetryCnt    uint8  // default 7 (retry forever, as rxe treats 7)
@@ -66,6 +66,9 @@ func (o ConnectOptions) withDefaults() ConnectOptions {
 // calls: no timeout, retries, RNR timer or READ/atomic credits). On error
 // the QP is left in the state reached.
 func Connect(qp *QP, remote Endpoint, localPSN PSN, o ConnectOptions) error {
+	if o.MTU == 0 && !o.Exact {
+		o.MTU = qp.ActiveMTU() // the port's, as perftest takes it
+	}
 	o = o.withDefaults()
 	if remote.Addr.Port() == 0 {
 		remote.Addr = netip.AddrPortFrom(remote.Addr.Addr(), wire.RoCEv2Port)

@@ -14,6 +14,7 @@ package softrdma
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -115,7 +116,8 @@ func Open(cfg Config) (*Device, error) {
 	}
 	place := placement.New(placement.Config{PinLimit: cfg.PinLimit, AddressSpace: cfg.AddressSpace,
 		ODPBudget: cfg.ODPBudget, NoODP: !cfg.Profile.odp()})
-	t, err := transport.NewDevice(transport.Config{Conn: c, Placement: place, Logf: cfg.Logf, FaultPolicy: cfg.FaultPolicy})
+	t, err := transport.NewDevice(transport.Config{Conn: c, Placement: place, Logf: cfg.Logf, FaultPolicy: cfg.FaultPolicy,
+		ActiveMTU: activeMTU(c.LocalAddr().Addr())})
 	if err != nil {
 		c.Close()
 		return nil, fmt.Errorf("softrdma: open: %w", err)
@@ -130,6 +132,31 @@ func Open(cfg Config) (*Device, error) {
 }
 
 func (d *Device) closed() bool { return d.t.Closed() }
+
+// activeMTU derives the port's active MTU from the MTU of the interface
+// that holds addr, as rxe does (transport.ActiveMTUFor: link MTU minus 80
+// bytes of headers, rounded down to 256-4096). An address on no interface
+// (a wildcard, an in-memory conn) gets MTU4096.
+func activeMTU(addr netip.Addr) MTU {
+	ifs, err := net.Interfaces()
+	if err != nil || !addr.IsValid() || addr.IsUnspecified() {
+		return MTU4096
+	}
+	for _, ifc := range ifs {
+		addrs, err := ifc.Addrs()
+		if err != nil {
+			continue
+		}
+		for _, a := range addrs {
+			if p, ok := a.(*net.IPNet); ok {
+				if ip, ok := netip.AddrFromSlice(p.IP); ok && ip.Unmap() == addr.Unmap() {
+					return transport.ActiveMTUFor(ifc.MTU)
+				}
+			}
+		}
+	}
+	return MTU4096
+}
 
 // Close destroys every QP (flushing their WRs) and releases the socket
 // (ibv_close_device). Registered MRs stay valid memory but are no longer
@@ -209,7 +236,7 @@ func (d *Device) Attr() DeviceAttr {
 		MaxSGE: transport.MaxSGE, MaxCQE: MaxCQE, MaxMRSize: 1 << 40,
 		MaxQPRdAtom: transport.MaxRdAtomic, MaxQPInitRdAtom: transport.MaxRdAtomic,
 		MaxInlineData: transport.MaxInline, PageSizeCap: 4096, AtomicCap: "ATOMIC_HCA",
-		ActiveMTU: MTU4096, GID: d.GID(), ODPCaps: d.profile.odpCaps(), Profile: d.profile,
+		ActiveMTU: d.t.ActiveMTU(), GID: d.GID(), ODPCaps: d.profile.odpCaps(), Profile: d.profile,
 		FinestScope: d.profile.FinestScope(),
 	}
 }

@@ -36,6 +36,9 @@ type Config struct {
 	// FaultPolicy says how the responder meets a page fault of an ODP MR
 	// (FaultSync, the default, or FaultRNR).
 	FaultPolicy FaultPolicy
+	// ActiveMTU is the port's active MTU (0: MTU4096), derived from the
+	// link's MTU by the caller (ActiveMTUFor).
+	ActiveMTU MTU
 }
 
 // FaultPolicy is how a responder handles a page fault on an ODP MR named
@@ -69,6 +72,7 @@ type Device struct {
 	logf     func(string, ...any)
 	counters Counters
 	policy   FaultPolicy
+	mtu      MTU // active MTU; 0: MTU4096
 	susp     suspendState
 
 	// closing asks the receive loop to send its pending ACKs before Close
@@ -112,6 +116,7 @@ func NewDevice(cfg Config) (*Device, error) {
 		place:       cfg.Placement,
 		logf:        cfg.Logf,
 		policy:      cfg.FaultPolicy,
+		mtu:         cfg.ActiveMTU,
 		runqWake:    make(chan struct{}, 1),
 		done:        make(chan struct{}),
 		acksFlushed: make(chan struct{}),
@@ -128,6 +133,17 @@ func NewDevice(cfg Config) (*Device, error) {
 	go d.txLoop()
 	return d, nil
 }
+
+// ActiveMTU returns the port's active MTU (ibv_port_attr.active_mtu).
+func (d *Device) ActiveMTU() MTU {
+	if d.mtu == 0 {
+		return MTU4096
+	}
+	return d.mtu
+}
+
+// ActiveMTU returns the active MTU of the QP's device's port.
+func (qp *QP) ActiveMTU() MTU { return qp.dev.ActiveMTU() }
 
 // Closed reports whether Close was called.
 func (d *Device) Closed() bool { return d.closed.Load() }

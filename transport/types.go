@@ -235,6 +235,21 @@ func (m MTU) Bytes() int {
 	return 128 << m
 }
 
+// MaxHeaderBytes is what rxe reserves for headers when it derives the
+// active MTU from the link MTU (RXE_MAX_HDR_LENGTH: Ethernet, IP, UDP, BTH
+// and the largest extension headers, 80 bytes).
+const MaxHeaderBytes = 80
+
+// ActiveMTUFor returns the active MTU of a port on a link of linkMTU bytes,
+// as rxe derives it (eth_mtu_int_to_enum): the largest MTU code not above
+// linkMTU - MaxHeaderBytes, at least MTU256 (1500 -> 1024, 9000 -> 4096).
+func ActiveMTUFor(linkMTU int) MTU {
+	if m := MTUFromBytes(linkMTU - MaxHeaderBytes); m != 0 {
+		return m
+	}
+	return MTU256
+}
+
 // MTUFromBytes returns the largest MTU code not above n bytes (256 to 4096),
 // the rule rxe applies to a link MTU; 0 if n < 256.
 func MTUFromBytes(n int) MTU {
