@@ -211,6 +211,7 @@ func TestSuspendScopes(t *testing.T) {
 			}
 			require.Equal(t, want, rep.QPsPaused)
 			require.GreaterOrEqual(t, rep.Held, uint64(want))
+			require.Equal(t, uint64(100*want), rep.BytesDelayed, "each paused WRITE's 100 bytes, once")
 		})
 	}
 }

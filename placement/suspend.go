@@ -64,7 +64,7 @@ func (e *Engine) SuspendMR(mr *MR) error {
 		return fmt.Errorf("placement: suspend: not a live MR of this device: %w", ErrInvalid)
 	}
 	if err := e.mrs.Suspend(mr.key); err != nil {
-		return fmt.Errorf("placement: suspend %v: %w: %w", mr.key, err, ErrInvalid)
+		return fmt.Errorf("placement: suspend MR %v: already suspended, or not valid (%v): %w", mr.key, err, ErrInvalid)
 	}
 	e.mrs.Synchronize()
 	mr.entry.Drain()

@@ -129,6 +129,10 @@ type QP struct {
 	// latest suspension that held or NAKed one of its packets.
 	held      int
 	pausedGen atomic.Uint64
+	// delayedPSN is the newest PSN counted in the bytes delayed by
+	// suspensions (receive loop only).
+	delayedPSN wire.PSN
+	delayedSet bool
 
 	dev    *Device
 	qpn    wire.QPN

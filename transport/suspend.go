@@ -313,7 +313,7 @@ func (d *Device) hold(qp *QP, pkt *conn.Packet, p *wire.Packet) {
 	s.q = append(s.q, heldPkt{slot: i, n: n, addr: pkt.Addr, ip: pkt.IP, qpn: qp.qpn})
 	qp.held++
 	s.held.Add(1)
-	s.bytes.Add(uint64(len(p.Payload)))
+	qp.countDelayed(p)
 }
 
 // replayHeld hands the held packets to handle again, in the order they
@@ -344,7 +344,7 @@ func (d *Device) replayHeld(p *wire.Packet) {
 func (qp *QP) pauseNAK(b *txBatch, path *path, p *wire.Packet) {
 	d := qp.dev
 	d.susp.naked.Add(1)
-	d.susp.bytes.Add(uint64(len(p.Payload)))
+	qp.countDelayed(p)
 	d.counters.SendRNRErr.Add(1)
 	d.counters.drop(DropSuspended)
 	qp.resp.nakSent = true
@@ -372,4 +372,16 @@ func (qp *QP) placementSuspended(b *txBatch, path *path, p *wire.Packet, c *plac
 		return
 	}
 	d.susp.holdThis = true
+}
+
+// countDelayed adds the packet's payload to the bytes delayed, once per
+// PSN: a retransmission or an RNR retry of a packet already held or NAKed
+// is a packet, not more bytes delayed. Receive loop only.
+func (qp *QP) countDelayed(p *wire.Packet) {
+	psn := p.PSN()
+	if qp.delayedSet && !qp.delayedPSN.Before(psn) {
+		return
+	}
+	qp.delayedSet, qp.delayedPSN = true, psn
+	qp.dev.susp.bytes.Add(uint64(len(p.Payload)))
 }

@@ -85,7 +85,7 @@ func TestRun(t *testing.T) {
 	var tab bytes.Buffer
 	require.NoError(t, scopes.WriteTable(&tab, cfg, rs))
 	t.Logf("\n%s", tab.String())
-	require.Contains(t, tab.String(), "item-7 targets, mr scope, hold")
+	require.Contains(t, tab.String(), "targets (issue 4), mr scope, hold")
 
 	var js bytes.Buffer
 	require.NoError(t, scopes.WriteJSON(&js, rs))

@@ -70,6 +70,20 @@ func (c *benchScopesCmd) config() (scopes.Config, error) {
 	if c.RNRTimer == 0 {
 		return cfg, fmt.Errorf("--rnr-timer 0 (655 ms) is not supported here: use 1-31")
 	}
+	// The flags have explicit defaults, so a 0 here was typed: refuse it
+	// rather than let scopes.Config take it for "default".
+	for _, z := range []struct {
+		name string
+		zero bool
+	}{
+		{"-q/--qps", c.QPs == 0}, {"--mrs", c.MRs == 0}, {"--pds", c.PDs == 0}, {"--mr-size", c.MRSize == 0},
+		{"-s/--size", c.Size == 0}, {"-t/--tx-depth", c.Window == 0}, {"-D/--duration", c.Duration == 0},
+		{"--slice", c.Slice == 0}, {"-T/--period", c.Period == 0},
+	} {
+		if z.zero {
+			return cfg, fmt.Errorf("%s 0: must be positive", z.name)
+		}
+	}
 	cfg = cfg.WithDefaults()
 	return cfg, cfg.Validate()
 }
