@@ -1,7 +1,6 @@
 package softrdma
 
 import (
-	"errors"
 	"fmt"
 	"net/netip"
 
@@ -43,7 +42,7 @@ var (
 )
 
 // ErrBadAHAttr reports an address vector CreateAH cannot use.
-var ErrBadAHAttr = errors.New("softrdma: invalid address handle attributes")
+var ErrBadAHAttr = transport.ErrBadAHAttr
 
 // AH is an address handle (struct ibv_ah).
 type AH = transport.AH
@@ -100,7 +99,7 @@ func (d *Device) CreateAH(pd *PD, attr AHAttr) (*AH, error) {
 		SL: attr.SL,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrBadAHAttr, err)
+		return nil, fmt.Errorf("softrdma: create AH: %w", err)
 	}
 	return ah, nil
 }

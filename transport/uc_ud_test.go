@@ -419,7 +419,12 @@ func TestUDPostChecks(t *testing.T) {
 	_, err = r.qp.PostSend(wr)
 	require.ErrorIs(t, err, ErrBadAH)
 	_, err = r.d.CreateAH(1, &AHAttr{Dest: netip.MustParseAddrPort("[fd00::1]:4791")})
-	require.ErrorIs(t, err, ErrBadAH, "an IPv6 destination from an IPv4 device")
+	require.ErrorIs(t, err, ErrBadAHAttr, "an IPv6 destination from an IPv4 device")
+	require.NotErrorIs(t, err, ErrBadAH)
+	for _, dst := range []string{"224.0.0.1:4791", "255.255.255.255:4791", "0.0.0.0:4791"} {
+		_, err = r.d.CreateAH(1, &AHAttr{Dest: netip.MustParseAddrPort(dst)})
+		require.ErrorIs(t, err, ErrBadAHAttr, dst)
+	}
 }
 
 // TestUCLostPacketDropsMessage: UC drops a message with a lost packet

@@ -41,6 +41,8 @@ var (
 	// ErrBadAH reports a UD send without an address handle, with a
 	// destroyed one, or with one of another protection domain.
 	ErrBadAH = errors.New("address handle missing, destroyed or of another PD")
+	// ErrBadAHAttr reports address-vector attributes CreateAH cannot use.
+	ErrBadAHAttr = errors.New("invalid address handle attributes")
 	// ErrMsgSize reports a UD send longer than the path MTU (a datagram is
 	// one packet).
 	ErrMsgSize = errors.New("message longer than the path MTU")
@@ -79,17 +81,21 @@ type AH struct {
 
 // CreateAH creates an address handle in protection domain pd
 // (ibv_create_ah). The destination must be an address of the device's IP
-// family. Errors: ErrBadAH for a missing or unreachable address.
+// family. Errors: ErrBadAHAttr for a zero, multicast or broadcast
+// destination, or one of the other IP family.
 func (d *Device) CreateAH(pd uint32, attr *AHAttr) (*AH, error) {
 	if d.closed.Load() {
 		return nil, ErrClosed
 	}
 	ip := attr.Dest.Addr().Unmap()
 	if !ip.IsValid() || ip.IsUnspecified() {
-		return nil, fmt.Errorf("%w: no destination address", ErrBadAH)
+		return nil, fmt.Errorf("%w: no destination address (a zero DGID)", ErrBadAHAttr)
 	}
 	if ip.Is4() != d.conn.LocalAddr().Addr().Unmap().Is4() {
-		return nil, fmt.Errorf("%w: %v is not of the device's address family (%v)", ErrBadAH, ip, d.conn.LocalAddr().Addr())
+		return nil, fmt.Errorf("%w: %v is not of the device's address family (%v)", ErrBadAHAttr, ip, d.conn.LocalAddr().Addr())
+	}
+	if ip.IsMulticast() || ip == netip.AddrFrom4([4]byte{255, 255, 255, 255}) {
+		return nil, fmt.Errorf("%w: %v: multicast and broadcast destinations are not supported", ErrBadAHAttr, ip)
 	}
 	port := attr.Dest.Port()
 	if port == 0 {
