@@ -202,6 +202,12 @@ func hashFile(path string) (int64, string, error) {
 		return 0, "", err
 	}
 	defer f.Close()
+	if st, err := f.Stat(); err != nil {
+		return 0, "", err
+	} else if !st.Mode().IsRegular() {
+		// A device or a pipe has no size to register and send.
+		return 0, "", fmt.Errorf("%s: not a regular file", path)
+	}
 	h := sha256.New()
 	n, err := io.Copy(h, f)
 	if err != nil {
