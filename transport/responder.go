@@ -232,16 +232,7 @@ func (qp *QP) execWrite(p *wire.Packet, path *path, b *txBatch) bool {
 			return false
 		}
 	}
-	r.wdone += n
-	if last {
-		if r.wlen > 0 {
-			e.End(&r.cur)
-		}
-		qp.dev.counters.RDMARecvs.Add(1)
-		if info.Mask&wire.MaskImmDt != 0 {
-			qp.finishRecv(WCSuccess, r.wlen, p, path)
-		}
-	}
+	qp.endWritePacket(p, path, n)
 	return true
 }
 
@@ -312,6 +303,25 @@ func (qp *QP) odpRNR(b *txBatch, path *path, psn wire.PSN) {
 	ctr.drop(DropRNR)
 	qp.resp.nakSent = true
 	qp.sendAck(b, path, wire.RNRNAK(path.minRNRTimer), psn)
+}
+
+// endWritePacket advances the RDMA WRITE message in progress by the n
+// bytes just placed and, on its LAST or ONLY packet, ends it: the cursor
+// is released, rdma_recvs counted, and a WRITE with immediate completes
+// its receive WQE. RC and UC share it.
+func (qp *QP) endWritePacket(p *wire.Packet, path *path, n uint64) {
+	r := &qp.resp
+	r.wdone += n
+	if p.Info.Mask&wire.MaskLast == 0 {
+		return
+	}
+	if r.wlen > 0 {
+		qp.dev.place.End(&r.cur)
+	}
+	qp.dev.counters.RDMARecvs.Add(1)
+	if p.Info.Mask&wire.MaskImmDt != 0 {
+		qp.finishRecv(WCSuccess, r.wlen, p, path)
+	}
 }
 
 // execRead executes an RDMA READ request: it saves a responder resource

@@ -399,15 +399,6 @@ func (qp *QP) execWriteUC(p *wire.Packet, path *path) bool {
 			return false
 		}
 	}
-	r.wdone += n
-	if last {
-		if r.wlen > 0 {
-			e.End(&r.cur)
-		}
-		qp.dev.counters.RDMARecvs.Add(1)
-		if info.Mask&wire.MaskImmDt != 0 {
-			qp.finishRecv(WCSuccess, r.wlen, p, path)
-		}
-	}
+	qp.endWritePacket(p, path, n)
 	return true
 }
