@@ -81,6 +81,16 @@ func (c *toolCmd) options(test perf.Test) (*perf.Options, error) {
 	if c.Atomic != perf.FetchAndAdd && test != perf.AtomicBW {
 		return nil, fmt.Errorf("%s: --atomic_type is for atomic-bw", test)
 	}
+	// Bad --impair and --bind values are command-line errors (exit 2),
+	// found before anything is opened.
+	if _, err := perf.ParseImpair(c.Impair); err != nil {
+		return nil, err
+	}
+	if c.Bind != "" {
+		if _, _, err := perf.ParseBind(c.Bind); err != nil {
+			return nil, err
+		}
+	}
 	p := perf.Params{
 		Size: int64(c.Size), Iters: c.Iters, Duration: time.Duration(c.Duration), All: c.All, MTU: c.MTU,
 		TxDepth: c.TxDepth, RxDepth: c.RxDepth, CQMod: c.CQMod, QPs: c.QPs, Inline: c.Inline,

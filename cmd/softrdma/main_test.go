@@ -113,6 +113,10 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"write-bw", "a", "b"}, "unexpected argument"},
 		{[]string{"write-bw", "--file", "/does/not/exist", "h"}, "does/not/exist"},
 		{[]string{"nope"}, "unexpected argument"},
+		{[]string{"write-bw", "--impair", "loss=2", "h"}, "not a probability"},
+		{[]string{"write-bw", "--impair", "foo=1", "h"}, `unknown key "foo"`},
+		{[]string{"write-bw", "--bind", "999.1.1.1", "h"}, "want IP or IP:port"},
+		{[]string{"write-bw", "--bind", "127.0.0.1:99999", "h"}, "bad port"},
 	} {
 		code, _, stderr := runCLI(t, tc.args...)
 		assert.Equal(t, exitUsage, code, tc.args)
