@@ -24,6 +24,7 @@ import (
 	"github.com/softrdma/softrdma/transport"
 	"github.com/softrdma/softrdma/transport/conn"
 	"github.com/softrdma/softrdma/transport/wire"
+	"github.com/softrdma/softrdma/transport/wire/mad"
 )
 
 // Config configures Open.
@@ -334,6 +335,29 @@ func (d *Device) CreateQP(pd *PD, init QPInitAttr) (*QP, error) {
 	}
 	return qp, nil
 }
+
+// CreateGSIQP creates the device's GSI QP, QP1 (IBTA 13.5.1): a UD QP in
+// RESET on which management datagrams arrive. Linux keeps QP1 in the
+// kernel (ib_mad); here the connection manager, package rdmacm, owns it.
+// Make it ready with InitUD(qp, GSIQKey, psn). Errors: ErrBadPD; an
+// invalid capacity (transport.ErrBadAttr); transport.ErrBusy when QP1
+// exists (one connection manager per device).
+func (d *Device) CreateGSIQP(pd *PD, init QPInitAttr) (*QP, error) {
+	if pd == nil || pd.dev != d {
+		return nil, ErrBadPD
+	}
+	init.Type = QPTypeUD
+	qp, err := d.t.CreateGSIQP(pd.id, &init)
+	if err != nil {
+		return nil, fmt.Errorf("softrdma: create GSI QP: %w", err)
+	}
+	return qp, nil
+}
+
+// GSIQKey is the Q_Key of QP1 (IBTA 13.5.1.2, the well-known GSI Q_Key).
+// Its high bit makes it a controlled Q_Key: a work request naming it is
+// sent with the QP's own Q_Key (IBTA 10.2.5).
+const GSIQKey = mad.GSIQKey
 
 // DestroyQP destroys a QP, flushing its outstanding WRs (ibv_destroy_qp).
 func (d *Device) DestroyQP(qp *QP) error { return d.t.DestroyQP(qp) }

@@ -24,6 +24,9 @@ type Options struct {
 	Pipe       bool             // use conn.NewPipe (in memory) instead of UDP sockets
 	Impair     *conn.Impairment // applied to both devices
 	Connect    softrdma.ConnectOptions
+	// NoConnect leaves the two RC QPs in RESET, for a test that connects
+	// them itself (with the connection manager, package rdmacm).
+	NoConnect bool
 	Cap        softrdma.Cap // default 256 WRs, 4 SGEs, 64 bytes inline
 	CQDepth    int          // default 1024
 	NoPcap     bool         // do not capture (by default a failing test keeps a pcap)
@@ -103,11 +106,13 @@ func NewPair(tb testing.TB, o Options) *Pair {
 	if o.StartPSN != nil {
 		pa, pb = softrdma.PSN(o.StartPSN[0]&0xffffff), softrdma.PSN(o.StartPSN[1]&0xffffff)
 	}
-	if err := softrdma.Connect(p.A.QP, softrdma.Endpoint{Addr: p.B.Dev.LocalAddr(), QPN: p.B.QP.QPN(), PSN: pb}, pa, o.Connect); err != nil {
-		tb.Fatalf("softrdmatest: connect A: %v", err)
-	}
-	if err := softrdma.Connect(p.B.QP, softrdma.Endpoint{Addr: p.A.Dev.LocalAddr(), QPN: p.A.QP.QPN(), PSN: pa}, pb, o.Connect); err != nil {
-		tb.Fatalf("softrdmatest: connect B: %v", err)
+	if !o.NoConnect {
+		if err := softrdma.Connect(p.A.QP, softrdma.Endpoint{Addr: p.B.Dev.LocalAddr(), QPN: p.B.QP.QPN(), PSN: pb}, pa, o.Connect); err != nil {
+			tb.Fatalf("softrdmatest: connect A: %v", err)
+		}
+		if err := softrdma.Connect(p.B.QP, softrdma.Endpoint{Addr: p.A.Dev.LocalAddr(), QPN: p.A.QP.QPN(), PSN: pa}, pb, o.Connect); err != nil {
+			tb.Fatalf("softrdmatest: connect B: %v", err)
+		}
 	}
 	tb.Cleanup(func() {
 		p.A.Dev.Close()

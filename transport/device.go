@@ -215,6 +215,29 @@ func (d *Device) Close() error {
 // Capacities above the device limits (MaxQPWR, MaxSGE, MaxInline) are an
 // error; zero capacities become 1 (SGEs) or 0 (inline).
 func (d *Device) CreateQP(pd uint32, init *QPInitAttr) (*QP, error) {
+	return d.createQP(pd, init, 0)
+}
+
+// GSIQPN is the QPN of the general services interface (IBTA 3.9.1, QP1):
+// the UD QP that receives management datagrams, the CM's among them.
+const GSIQPN = 1
+
+// CreateGSIQP creates the device's GSI QP, the UD QP numbered 1 (IBTA
+// 13.5.1). On Linux the kernel owns QP1 and ib_cm / rdma_cm use it;
+// here the connection manager (package rdmacm) creates it with this
+// call. init.Type must be QPTypeUD; the QP is made ready as any UD QP
+// (Q_Key 0x80010000, the GSI's well-known Q_Key, IBTA 13.5.1.2). Errors:
+// ErrBadAttr as CreateQP, and ErrBusy when QP1 exists already.
+func (d *Device) CreateGSIQP(pd uint32, init *QPInitAttr) (*QP, error) {
+	if init.Type != QPTypeUD {
+		return nil, fmt.Errorf("%w: the GSI QP is a UD QP", ErrBadAttr)
+	}
+	return d.createQP(pd, init, GSIQPN)
+}
+
+// createQP is CreateQP; a non-zero qpn asks for that number (a special
+// QP) instead of the next free one from FirstQPN.
+func (d *Device) createQP(pd uint32, init *QPInitAttr, qpn uint32) (*QP, error) {
 	if d.closed.Load() {
 		return nil, ErrClosed
 	}
@@ -263,6 +286,15 @@ func (d *Device) CreateQP(pd uint32, init *QPInitAttr) (*QP, error) {
 
 	d.qps.Lock()
 	defer d.qps.Unlock()
+	if qpn != 0 {
+		if d.qpTable[qpn].Load() != nil {
+			return nil, fmt.Errorf("%w: QP %d exists", ErrBusy, qpn)
+		}
+		qp.qpn = wire.QPN(qpn)
+		qp.bindCursors()
+		d.qpTable[qpn].Store(qp)
+		return qp, nil
+	}
 	for range MaxQPN {
 		n := d.qps.next
 		d.qps.next++

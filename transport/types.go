@@ -204,6 +204,12 @@ type WC struct {
 	QPN     uint32
 	SrcQP   uint32
 	Flags   WCFlags
+	// SrcPort is the UDP source port of a UD datagram (a softrdma
+	// extension, not in ibv_wc: RoCEv2 carries the peer's GID in the IP
+	// header, which the GRH gives, but its UDP port nowhere else). A peer
+	// listening on a port other than 4791 (a lab device) sends from that
+	// port, and the connection manager answers it there. 0 on other WCs.
+	SrcPort uint16
 }
 
 // Cap holds queue capacities (struct ibv_qp_cap).
@@ -276,6 +282,7 @@ var (
 	ErrClosed        = errors.New("device closed")
 	ErrAtomicAlign   = errors.New("atomic remote address is not 8-byte aligned")
 	ErrAtomicLength  = errors.New("atomic needs one 8-byte local SGE")
+	ErrBusy          = errors.New("resource in use (EBUSY)")
 )
 
 // qpnOf is a helper for WC.QPN.

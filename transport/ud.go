@@ -296,7 +296,7 @@ func (qp *QP) respondUD(p *wire.Packet, pkt *conn.Packet, path *path) {
 	}
 	r.haveRecv = false
 	wc := WC{WRID: r.recv.wrid, Status: WCSuccess, Opcode: WCRecv, ByteLen: uint32(GRHSize + n),
-		QPN: qpnOf(qp.qpn), SrcQP: uint32(deth.SrcQP()), Flags: WCWithGRH}
+		QPN: qpnOf(qp.qpn), SrcQP: uint32(deth.SrcQP()), Flags: WCWithGRH, SrcPort: pkt.Addr.Port()}
 	if p.Info.Mask&wire.MaskImmDt != 0 {
 		wc.Flags |= WCWithImm
 		wc.ImmData = p.ImmDt().Imm()

@@ -1,0 +1,262 @@
+package rdmacm_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/softrdma/softrdma"
+	"github.com/softrdma/softrdma/rdmacm"
+	"github.com/softrdma/softrdma/softrdmatest"
+	"github.com/softrdma/softrdma/transport"
+	"github.com/softrdma/softrdma/transport/wire/mad"
+)
+
+// The tests run in a synctest bubble over the in-memory pipe (devices at
+// 127.0.0.1:4791 and 127.0.0.2:4791), so the CM's retransmission timers
+// run on the bubble's fake clock.
+
+const port = 7174 // rping's default
+
+func pair(t *testing.T) (*softrdmatest.Pair, *rdmacm.CM, *rdmacm.CM) {
+	p := softrdmatest.NewPair(t, softrdmatest.Options{Pipe: true, NoPcap: true, NoConnect: true})
+	a, err := rdmacm.Open(p.A.Dev, rdmacm.Options{Logf: t.Logf})
+	require.NoError(t, err)
+	b, err := rdmacm.Open(p.B.Dev, rdmacm.Options{Logf: t.Logf})
+	require.NoError(t, err)
+	t.Cleanup(func() { a.Close(); b.Close() })
+	return p, a, b
+}
+
+func sent(cm *rdmacm.CM, attr mad.AttributeID) uint64 {
+	return cm.Counters().Sent[attr-mad.AttrREQ].Load()
+}
+
+func received(cm *rdmacm.CM, attr mad.AttributeID) uint64 {
+	return cm.Counters().Received[attr-mad.AttrREQ].Load()
+}
+
+// TestConnectAcceptData: B connects to A's listener with private data, A
+// accepts with its own; both QPs end in RTS facing each other with the
+// PSNs the REQ and REP carried; a SEND and an RDMA WRITE cross; B
+// disconnects, both Done channels close, both QPs are in ERR.
+func TestConnectAcceptData(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p, cmA, cmB := pair(t)
+		ctx := context.Background()
+		l, err := cmA.Listen(port, 4)
+		require.NoError(t, err)
+
+		reqPD := []byte("hello from the active side")
+		repPD := []byte("welcome")
+		type result struct {
+			c   *rdmacm.Conn
+			err error
+		}
+		accepted := make(chan result, 1)
+		go func() {
+			r, err := l.GetRequest(ctx)
+			if err != nil {
+				accepted <- result{nil, err}
+				return
+			}
+			// The REQ's offer, as rdma_cm's event->param.conn shows it:
+			// the consumer's private data, zero-padded to 56 bytes.
+			prm := r.Param()
+			if len(prm.PrivateData) != mad.IPConsumerDataSize || !bytes.HasPrefix(prm.PrivateData, reqPD) ||
+				prm.ResponderResources != 1 || prm.InitiatorDepth != 2 || prm.RetryCount != 7 || prm.RNRRetryCount != 6 ||
+				r.RemoteQPN() != p.B.QP.QPN() || r.RemoteAddr().Addr() != p.B.Dev.LocalAddr().Addr() ||
+				r.LocalAddr() != netipAddrPort(p.A.Dev, port) {
+				accepted <- result{nil, errors.New("unexpected REQ contents")}
+				return
+			}
+			c, err := r.Accept(ctx, p.A.QP, rdmacm.ConnParam{PrivateData: repPD, ResponderResources: 2,
+				InitiatorDepth: 1, RNRRetryCount: 5})
+			accepted <- result{c, err}
+		}()
+		cb, err := cmB.Connect(ctx, p.B.QP, netipAddrPort(p.A.Dev, port), rdmacm.ConnParam{PrivateData: reqPD,
+			ResponderResources: 1, InitiatorDepth: 2, RetryCount: 7, RNRRetryCount: 6})
+		require.NoError(t, err)
+		ra := <-accepted
+		require.NoError(t, ra.err)
+		ca := ra.c
+		require.Equal(t, "ESTABLISHED", ca.State())
+		require.Equal(t, "ESTABLISHED", cb.State())
+		require.True(t, bytes.HasPrefix(cb.RemoteParam().PrivateData, repPD))
+		require.Len(t, cb.RemoteParam().PrivateData, mad.REPPrivateDataSize)
+
+		// QP attributes as ib_cm sets them.
+		qa, qb := p.A.QP.Attr(), p.B.QP.Attr()
+		require.Equal(t, softrdma.QPStateRTS, qa.State)
+		require.Equal(t, softrdma.QPStateRTS, qb.State)
+		require.Equal(t, p.B.QP.QPN(), qa.DestQPN)
+		require.Equal(t, p.A.QP.QPN(), qb.DestQPN)
+		require.Equal(t, qa.SQPSN, qb.RQPSN, "the REQ's starting PSN is the passive side's send PSN")
+		require.Equal(t, qb.SQPSN, qa.RQPSN, "the REP's starting PSN is the active side's send PSN")
+		require.Equal(t, uint8(2), qa.MaxDestRdAtomic, "passive: max_dest_rd_atomic = its responder resources")
+		require.Equal(t, uint8(1), qa.MaxRdAtomic, "passive: max_rd_atomic = its initiator depth")
+		require.Equal(t, uint8(2), qb.MaxRdAtomic, "active: max_rd_atomic = REP's responder resources")
+		require.Equal(t, uint8(1), qb.MaxDestRdAtomic, "active: max_dest_rd_atomic = REP's initiator depth")
+		require.Equal(t, uint8(5), qb.RNRRetry, "active: rnr_retry = REP's RNR retry count")
+		require.Equal(t, uint8(6), qa.RNRRetry, "passive: rnr_retry = REQ's RNR retry count")
+		require.Equal(t, uint8(7), qa.RetryCnt)
+
+		// Data: a SEND from B to A, an RDMA WRITE from A to B.
+		srcB, mrB := reg(t, p.B, 4096)
+		dstA, mrA := reg(t, p.A, 4096)
+		for i := range srcB {
+			srcB[i] = byte(i * 7)
+		}
+		_, err = p.A.QP.PostRecv(softrdma.RecvWR{WRID: 1, SGL: []softrdma.SGE{{Addr: mrA.Addr(), Length: 4096, LKey: mrA.LKey()}}})
+		require.NoError(t, err)
+		_, err = p.B.QP.PostSend(softrdma.SendWR{WRID: 2, Opcode: softrdma.WRSend, Flags: softrdma.SendSignaled,
+			SGL: []softrdma.SGE{{Addr: mrB.Addr(), Length: 4096, LKey: mrB.LKey()}}})
+		require.NoError(t, err)
+		require.Equal(t, softrdma.WCSuccess, waitWC(t, p.A.CQ).Status)
+		require.Equal(t, softrdma.WCSuccess, waitWC(t, p.B.CQ).Status)
+		require.Equal(t, srcB, dstA)
+		for i := range dstA {
+			dstA[i] = ^byte(i)
+		}
+		clear(srcB)
+		_, err = p.A.QP.PostSend(softrdma.SendWR{WRID: 3, Opcode: softrdma.WRRDMAWrite, Flags: softrdma.SendSignaled,
+			SGL:        []softrdma.SGE{{Addr: mrA.Addr(), Length: 4096, LKey: mrA.LKey()}},
+			RemoteAddr: mrB.Addr(), RKey: mrB.RKey()})
+		require.NoError(t, err)
+		require.Equal(t, softrdma.WCSuccess, waitWC(t, p.A.CQ).Status)
+		require.Equal(t, dstA, srcB)
+
+		require.NoError(t, cb.Disconnect())
+		<-cb.Done()
+		<-ca.Done()
+		require.NoError(t, cb.Err())
+		require.NoError(t, ca.Err())
+		require.Equal(t, softrdma.QPStateErr, p.A.QP.State())
+		require.Equal(t, softrdma.QPStateErr, p.B.QP.State())
+		for _, c := range []struct {
+			cm   *rdmacm.CM
+			attr mad.AttributeID
+			n    uint64
+		}{{cmB, mad.AttrREQ, 1}, {cmA, mad.AttrREP, 1}, {cmB, mad.AttrRTU, 1}, {cmB, mad.AttrDREQ, 1}, {cmA, mad.AttrDREP, 1},
+			{cmA, mad.AttrREQ, 0}, {cmA, mad.AttrREJ, 0}, {cmB, mad.AttrREJ, 0}} {
+			require.Equal(t, c.n, sent(c.cm, c.attr), "%v sent", c.attr)
+		}
+		require.Equal(t, uint64(1), received(cmA, mad.AttrREQ))
+		require.Equal(t, uint64(1), received(cmB, mad.AttrDREP))
+		require.Zero(t, cmA.Counters().Retransmits.Load()+cmB.Counters().Retransmits.Load())
+	})
+}
+
+// TestRejectNoListener: a REQ for a port nobody listens on gets REJ
+// "invalid service ID" (8), as Linux's ib_cm answers.
+func TestRejectNoListener(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p, cmA, cmB := pair(t)
+		_, err := cmB.Connect(context.Background(), p.B.QP, netipAddrPort(p.A.Dev, 9999), rdmacm.ConnParam{RetryCount: 7})
+		var rej *rdmacm.RejectError
+		require.ErrorAs(t, err, &rej)
+		require.Equal(t, mad.RejInvalidServiceID, rej.Reason)
+		require.Equal(t, uint64(1), sent(cmA, mad.AttrREJ))
+		require.Equal(t, softrdma.QPStateReset, p.B.QP.State(), "the QP is not touched before a REP")
+	})
+}
+
+// TestRejectByApplication: rdma_reject's private data reaches the active
+// side with reason "consumer defined" (28).
+func TestRejectByApplication(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p, cmA, cmB := pair(t)
+		l, err := cmA.Listen(port, 1)
+		require.NoError(t, err)
+		go func() {
+			r, err := l.GetRequest(context.Background())
+			if err == nil {
+				_ = r.Reject([]byte("go away"))
+			}
+		}()
+		_, err = cmB.Connect(context.Background(), p.B.QP, netipAddrPort(p.A.Dev, port), rdmacm.ConnParam{})
+		var rej *rdmacm.RejectError
+		require.ErrorAs(t, err, &rej)
+		require.Equal(t, mad.RejConsumerDefined, rej.Reason)
+		require.Len(t, rej.PrivateData, mad.REJPrivateDataSize)
+		require.True(t, bytes.HasPrefix(rej.PrivateData, []byte("go away")))
+	})
+}
+
+// TestConnectTimeout: a peer without a CM never answers: the REQ is sent
+// 1 + 15 times, one CM response timeout apart (4.096 µs × 2^20 plus the
+// round trip allowance of 2 × 4.096 µs × 2^14), then ErrTimeout.
+func TestConnectTimeout(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := softrdmatest.NewPair(t, softrdmatest.Options{Pipe: true, NoPcap: true, NoConnect: true})
+		cmB, err := rdmacm.Open(p.B.Dev, rdmacm.Options{Logf: t.Logf})
+		require.NoError(t, err)
+		defer cmB.Close()
+		start := time.Now()
+		_, err = cmB.Connect(context.Background(), p.B.QP, netipAddrPort(p.A.Dev, port), rdmacm.ConnParam{})
+		require.ErrorIs(t, err, rdmacm.ErrTimeout)
+		step := 4096*time.Nanosecond<<20 + 2*(4096*time.Nanosecond<<14)
+		require.Equal(t, 16*step, time.Since(start))
+		require.Equal(t, uint64(16), sent(cmB, mad.AttrREQ))
+		require.Equal(t, uint64(15), cmB.Counters().Retransmits.Load())
+		require.Equal(t, uint64(16), p.A.Dev.Counters().Drops[transport.DropUnknownQPN].Load(), "no QP1 on A: dropped and counted")
+	})
+}
+
+// TestMRA: the passive application answers after the active side's first
+// timeout: the duplicate REQ gets an MRA (service timeout 24), the active
+// side waits instead of sending again, and the late Accept connects.
+func TestMRA(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p, cmA, cmB := pair(t)
+		l, err := cmA.Listen(port, 1)
+		require.NoError(t, err)
+		done := make(chan error, 1)
+		go func() {
+			r, err := l.GetRequest(context.Background())
+			if err == nil {
+				time.Sleep(10 * time.Second) // two REQ timeouts of 4.3 s
+				_, err = r.Accept(context.Background(), p.A.QP, rdmacm.ConnParam{})
+			}
+			done <- err
+		}()
+		c, err := cmB.Connect(context.Background(), p.B.QP, netipAddrPort(p.A.Dev, port), rdmacm.ConnParam{})
+		require.NoError(t, err)
+		require.NoError(t, <-done)
+		require.Equal(t, uint64(2), sent(cmB, mad.AttrREQ), "one retransmission, then the MRA holds it")
+		require.Equal(t, uint64(1), sent(cmA, mad.AttrMRA))
+		require.Equal(t, uint64(1), received(cmB, mad.AttrMRA))
+		require.Equal(t, uint64(1), cmA.Counters().Duplicates.Load())
+		require.Equal(t, "ESTABLISHED", c.State())
+	})
+}
+
+// TestListenErrors: a port is listened on once; bad QPs and private data
+// that does not fit are refused before anything is sent.
+func TestListenErrors(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p, cmA, cmB := pair(t)
+		_, err := cmA.Listen(port, 1)
+		require.NoError(t, err)
+		_, err = cmA.Listen(port, 1)
+		require.ErrorIs(t, err, rdmacm.ErrPortInUse)
+		ctx := context.Background()
+		_, err = cmB.Connect(ctx, p.B.QP, netipAddrPort(p.A.Dev, port), rdmacm.ConnParam{PrivateData: make([]byte, 57)})
+		require.ErrorIs(t, err, rdmacm.ErrPrivateData)
+		_, err = cmB.Connect(ctx, nil, netipAddrPort(p.A.Dev, port), rdmacm.ConnParam{})
+		require.ErrorIs(t, err, rdmacm.ErrBadQP)
+		ud, err := p.B.Dev.CreateQP(p.B.PD, softrdma.QPInitAttr{Type: softrdma.QPTypeUD, SendCQ: p.B.CQ, RecvCQ: p.B.CQ,
+			Cap: softrdma.Cap{MaxSendWR: 1, MaxRecvWR: 1}})
+		require.NoError(t, err)
+		_, err = cmB.Connect(ctx, ud, netipAddrPort(p.A.Dev, port), rdmacm.ConnParam{})
+		require.ErrorIs(t, err, rdmacm.ErrBadQP)
+		require.Zero(t, sent(cmB, mad.AttrREQ))
+		_, err = rdmacm.Open(p.A.Dev, rdmacm.Options{})
+		require.Error(t, err, "one CM per device: QP1 exists")
+	})
+}
