@@ -44,15 +44,15 @@ type ConnParam struct {
 type state uint8
 
 const (
-	stReqSent    state = iota + 1 // active: REQ sent, waiting for REP
-	stMRARcvd                     // active: the peer MRAed our REQ
-	stReqRcvd                     // passive: REQ received, the application decides
-	stMRASent                     // passive: we MRAed a duplicate REQ
-	stRepSent                     // passive: REP sent, waiting for RTU
-	stEstablished                 // RTU sent (active) or received (passive)
-	stDreqSent                    // DREQ sent, waiting for DREP
-	stTimewait                    // disconnected; duplicates of the last exchange are still answered
-	stClosed                      // rejected, failed or timewait over
+	stReqSent     state = iota + 1 // active: REQ sent, waiting for REP
+	stMRARcvd                      // active: the peer MRAed our REQ
+	stReqRcvd                      // passive: REQ received, the application decides
+	stMRASent                      // passive: we MRAed a duplicate REQ
+	stRepSent                      // passive: REP sent, waiting for RTU
+	stEstablished                  // RTU sent (active) or received (passive)
+	stDreqSent                     // DREQ sent, waiting for DREP
+	stTimewait                     // disconnected; duplicates of the last exchange are still answered
+	stClosed                       // rejected, failed or timewait over
 )
 
 var stateNames = [...]string{"", "REQ_SENT", "MRA_REQ_RCVD", "REQ_RCVD", "MRA_REQ_SENT", "REP_SENT",
@@ -344,8 +344,8 @@ func (cm *CM) Connect(ctx context.Context, qp *softrdma.QP, dst netip.AddrPort, 
 	}
 	c := &Conn{cm: cm, active: true, state: stReqSent, localID: cm.newLocalID(), tid: cm.newTID(), qp: qp,
 		peer: netip.AddrPortFrom(dstIP, rport), peerGSI: 1, remoteGID: dstIP, rqPSN: randomPSN(), param: p,
-		localAddr:  netip.AddrPortFrom(src, ephemeralPort()),
-		remoteAddr: netip.AddrPortFrom(dstIP, dst.Port()),
+		localAddr:   netip.AddrPortFrom(src, ephemeralPort()),
+		remoteAddr:  netip.AddrPortFrom(dstIP, dst.Port()),
 		established: make(chan struct{}), done: make(chan struct{})}
 	c.req = mad.REQFields{
 		LocalCommID: c.localID, ServiceID: mad.IPServiceID(mad.PortSpaceTCP, dst.Port()), LocalCAGUID: cm.guid,

@@ -19,14 +19,14 @@ import (
 // loopback UDP sockets (127.0.0.1, ephemeral ports), MTU 4096, queues of
 // 256 WRs and CQs of 1024.
 type Options struct {
-	StartPSN   *[2]uint32       // first send PSNs of A and B (default random), e.g. near the 2^24 wrap
-	IPv6       bool             // bind the devices to [::1] instead of 127.0.0.1
-	Pipe       bool             // use conn.NewPipe (in memory) instead of UDP sockets
-	Impair     *conn.Impairment // applied to both devices
-	Connect    softrdma.ConnectOptions
+	StartPSN *[2]uint32       // first send PSNs of A and B (default random), e.g. near the 2^24 wrap
+	IPv6     bool             // bind the devices to [::1] instead of 127.0.0.1
+	Pipe     bool             // use conn.NewPipe (in memory) instead of UDP sockets
+	Impair   *conn.Impairment // applied to both devices
+	Connect  softrdma.ConnectOptions
 	// NoConnect leaves the two RC QPs in RESET, for a test that connects
 	// them itself (with the connection manager, package rdmacm).
-	NoConnect bool
+	NoConnect  bool
 	Cap        softrdma.Cap // default 256 WRs, 4 SGEs, 64 bytes inline
 	CQDepth    int          // default 1024
 	NoPcap     bool         // do not capture (by default a failing test keeps a pcap)
