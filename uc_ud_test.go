@@ -331,7 +331,8 @@ func TestUDBetweenDevices(t *testing.T) {
 			send(1, 512, qkey, false)
 			wc := waitWC(t, b.CQ, 1)[0]
 			require.Equal(t, softrdma.WC{WRID: 1, Status: softrdma.WCSuccess, Opcode: softrdma.WCRecv, ByteLen: 40 + 512,
-				QPN: uint32(b.QP.QPN()), SrcQP: uint32(a.QP.QPN()), Flags: softrdma.WCWithGRH}, wc)
+				QPN: uint32(b.QP.QPN()), SrcQP: uint32(a.QP.QPN()), Flags: softrdma.WCWithGRH,
+				SrcPort: a.Dev.LocalAddr().Port()}, wc, "SrcPort: the UDP port A sends from")
 			checkGRH(dst[:40], 12+8+512+4)
 			require.True(t, bytes.Equal(src[:512], dst[40:40+512]))
 
@@ -339,7 +340,8 @@ func TestUDBetweenDevices(t *testing.T) {
 			send(2, 983, 0x80000000, true) // controlled Q_Key: the QP's own
 			wc = waitWC(t, b.CQ, 1)[0]
 			require.Equal(t, softrdma.WC{WRID: 2, Status: softrdma.WCSuccess, Opcode: softrdma.WCRecv, ByteLen: 40 + 983,
-				ImmData: 0x1234abcd, QPN: uint32(b.QP.QPN()), SrcQP: uint32(a.QP.QPN()), Flags: softrdma.WCWithGRH | softrdma.WCWithImm}, wc)
+				ImmData: 0x1234abcd, QPN: uint32(b.QP.QPN()), SrcQP: uint32(a.QP.QPN()), Flags: softrdma.WCWithGRH | softrdma.WCWithImm,
+				SrcPort: a.Dev.LocalAddr().Port()}, wc)
 			checkGRH(dst[1024:1064], 12+8+4+983+1+4)
 			require.True(t, bytes.Equal(src[:983], dst[1064:1064+983]))
 

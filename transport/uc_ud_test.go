@@ -156,7 +156,8 @@ func TestUDReceivePlacesGRHThenPayload(t *testing.T) {
 		wcs := r.poll()
 		require.Len(t, wcs, 1)
 		require.Equal(t, WC{WRID: 1, Status: WCSuccess, Opcode: WCRecv, ByteLen: 140, ImmData: 0xcafe,
-			QPN: uint32(r.qp.QPN()), SrcQP: 0x1234, Flags: WCWithGRH | WCWithImm}, wcs[0])
+			QPN: uint32(r.qp.QPN()), SrcQP: 0x1234, Flags: WCWithGRH | WCWithImm,
+			SrcPort: 4791}, wcs[0], "SrcPort: the pipe peer's UDP port (conn.DefaultAddr)")
 		want := []byte{
 			0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, // 20 bytes unused
 			0x45, 0x00, 0x00, 0x9c, // version 4, IHL 5, TOS 0, total length 156
