@@ -53,8 +53,8 @@ var (
 	// ErrPrivateData: private data longer than the message carries
 	// (56 bytes in a REQ, 196 in a REP, 148 in a REJ; EINVAL).
 	ErrPrivateData = errors.New("rdmacm: private data too long")
-	// ErrBadQP: the QP is nil, not RC or not in RESET (EINVAL).
-	ErrBadQP = errors.New("rdmacm: QP must be an RC QP in RESET")
+	// ErrBadQP: the QP is nil, not RC, or past INIT (EINVAL).
+	ErrBadQP = errors.New("rdmacm: QP must be an RC QP in RESET or INIT")
 	// ErrState: the call does not fit the connection's state (EINVAL).
 	ErrState = errors.New("rdmacm: invalid in this connection state")
 )

@@ -239,7 +239,8 @@ func (r *ConnRequest) Param() ConnParam { return r.c.remoteParam }
 // RemoteQPN returns the active side's QPN.
 func (r *ConnRequest) RemoteQPN() softrdma.QPN { return r.c.remoteQPN }
 
-// Accept accepts the request on qp, an RC QP in RESET of the same device
+// Accept accepts the request on qp, an RC QP of the same device in RESET
+// or INIT (receives may be posted in INIT, as after rdma_create_qp)
 // (rdma_accept): the QP goes to INIT, RTR and RTS with the REQ's
 // attributes (path MTU the smaller of the REQ's and the port's, the peer's
 // QPN and start PSN, max_dest_rd_atomic = p.ResponderResources,
@@ -305,7 +306,8 @@ func (r *ConnRequest) Reject(privateData []byte) error {
 	return nil
 }
 
-// Connect connects qp, an RC QP in RESET of the CM's device, to the
+// Connect connects qp, an RC QP of the CM's device in RESET or INIT (with
+// receives posted, as after rdma_create_qp), to the
 // rdma_cm listener at dst (IP and port), and waits until the connection
 // is established (rdma_resolve_addr, rdma_resolve_route, rdma_connect and
 // RDMA_CM_EVENT_ESTABLISHED): a REQ goes out (sent again at each CM
@@ -523,7 +525,7 @@ func (c *Conn) onDREP() {
 
 // --- helpers, with cm.mu held ----------------------------------------
 
-// connectQP takes c.qp from RESET to RTS towards the peer (the three
+// connectQP takes c.qp from RESET or INIT to RTS towards the peer (the three
 // ibv_modify_qp calls rdma_cm makes through ib_cm_init_qp_attr). The QP's
 // qp_access_flags are REMOTE_WRITE, plus REMOTE_READ and REMOTE_ATOMIC
 // when it accepts READs and atomics (ib_cm's cm_init_qp_init_attr).
@@ -701,7 +703,10 @@ func (c *Conn) wait(ctx context.Context) error {
 }
 
 func checkQP(qp *softrdma.QP) error {
-	if qp == nil || qp.Type() != softrdma.QPTypeRC || qp.State() != softrdma.QPStateReset {
+	if qp == nil || qp.Type() != softrdma.QPTypeRC {
+		return ErrBadQP
+	}
+	if st := qp.State(); st != softrdma.QPStateReset && st != softrdma.QPStateInit {
 		return ErrBadQP
 	}
 	return nil

@@ -23,6 +23,7 @@ type cli struct {
 	Pingpong pingCmd   `cmd:"" name:"rc-pingpong" help:"SEND/RECV ping-pong compatible with ibv_rc_pingpong (its TCP exchange, byte for byte)."`
 	UCPing   pingCmd   `cmd:"" name:"uc-pingpong" help:"SEND/RECV ping-pong on a UC QP, compatible with ibv_uc_pingpong."`
 	UDPing   udPingCmd `cmd:"" name:"ud-pingpong" help:"SEND/RECV ping-pong of UD datagrams, compatible with ibv_ud_pingpong."`
+	RPing    rpingCmd  `cmd:"" name:"rping" help:"RDMA READ/WRITE ping-pong connected with the RDMA CM, compatible with librdmacm's rping."`
 	Bench    expCmd    `cmd:"" help:"Experiments: bench scopes (remaps at each suspension scope and pause policy, against runs without remaps)."`
 }
 

@@ -78,6 +78,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if cmd == "ud-pingpong" {
 		return c.UDPing.run(ctx, stdout, stderr)
 	}
+	if cmd == "rping" {
+		return c.RPing.run(ctx, stdout, stderr)
+	}
 	if cmd == "bench" {
 		return c.Bench.Scopes.run(ctx, stdout, stderr)
 	}
