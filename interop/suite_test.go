@@ -29,6 +29,9 @@ func cases() []interopCase {
 	for _, c := range unreliableCases {
 		cs = append(cs, c)
 	}
+	for _, c := range rpingCases {
+		cs = append(cs, c)
+	}
 	return cs
 }
 

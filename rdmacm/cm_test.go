@@ -260,3 +260,30 @@ func TestListenErrors(t *testing.T) {
 		require.Error(t, err, "one CM per device: QP1 exists")
 	})
 }
+
+// TestRetryAfterReject: a connection refused before the REP leaves the
+// application's QP as it was (INIT, receives posted), so the same QP
+// connects once the server listens (what rping --connect-timeout does).
+func TestRetryAfterReject(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p, cmA, cmB := pair(t)
+		require.NoError(t, p.B.QP.Modify(&softrdma.QPAttr{State: softrdma.QPStateInit, Port: 1},
+			softrdma.QPAttrState|softrdma.QPAttrPKeyIndex|softrdma.QPAttrPort|softrdma.QPAttrAccessFlags))
+		_, err := cmB.Connect(context.Background(), p.B.QP, netipAddrPort(p.A.Dev, port), rdmacm.ConnParam{})
+		var rej *rdmacm.RejectError
+		require.ErrorAs(t, err, &rej)
+		require.Equal(t, softrdma.QPStateInit, p.B.QP.State())
+		l, err := cmA.Listen(port, 1)
+		require.NoError(t, err)
+		go func() {
+			if r, err := l.GetRequest(context.Background()); err == nil {
+				_, _ = r.Accept(context.Background(), p.A.QP, rdmacm.ConnParam{})
+			}
+		}()
+		c, err := cmB.Connect(context.Background(), p.B.QP, netipAddrPort(p.A.Dev, port), rdmacm.ConnParam{})
+		require.NoError(t, err)
+		require.Equal(t, softrdma.QPStateRTS, p.B.QP.State())
+		require.NoError(t, c.Disconnect())
+		<-c.Done()
+	})
+}

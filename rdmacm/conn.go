@@ -98,6 +98,7 @@ type Conn struct {
 	err         error
 	settled     bool
 	finished    bool
+	qpModified  bool // connectQP ran: the QP is the connection's
 }
 
 // gsi is where the connection's MADs go.
@@ -535,6 +536,7 @@ func (c *Conn) connectQP(mtu softrdma.MTU, maxDest, maxRd, retry, rnr uint8) err
 		access |= softrdma.AccessRemoteRead | softrdma.AccessRemoteAtomic
 	}
 	qp := c.qp
+	c.qpModified = true
 	if err := qp.Modify(&softrdma.QPAttr{State: softrdma.QPStateInit, Port: 1, AccessFlags: access},
 		softrdma.QPAttrState|softrdma.QPAttrPKeyIndex|softrdma.QPAttrPort|softrdma.QPAttrAccessFlags); err != nil {
 		return fmt.Errorf("rdmacm: QP to INIT: %w", err)
@@ -554,8 +556,11 @@ func (c *Conn) connectQP(mtu softrdma.MTU, maxDest, maxRd, retry, rnr uint8) err
 	return nil
 }
 
+// qpToErr moves the QP to ERR once the CM has taken it past INIT (a QP
+// whose connection attempt failed before the REP stays as the
+// application gave it, so that it may try again).
 func (c *Conn) qpToErr() {
-	if c.qp != nil && c.qp.State() != softrdma.QPStateReset {
+	if c.qp != nil && c.qpModified {
 		_ = c.qp.Modify(&softrdma.QPAttr{State: softrdma.QPStateErr}, softrdma.QPAttrState)
 	}
 }

@@ -31,6 +31,8 @@ type rpingCmd struct {
 	Pcap     string        `placeholder:"FILE" help:"Record every datagram sent and received in a pcap file."`
 	Stat     bool          `help:"Print the device's non-zero counters at the end."`
 	Timeout  time.Duration `placeholder:"DURATION" help:"Give up connecting after this long (default: the CM's 15 retries of 4.3 s)."`
+
+	ConnectTimeout time.Duration `name:"connect-timeout" placeholder:"DURATION" help:"Client: keep trying while the server refuses (REJ invalid service ID: not listening yet) for this long (default: one attempt, as rping)."`
 }
 
 func (c *rpingCmd) run(ctx context.Context, stdout, stderr io.Writer) int {
@@ -40,7 +42,7 @@ func (c *rpingCmd) run(ctx context.Context, stdout, stderr io.Writer) int {
 	}
 	err := rping.Run(ctx, rping.Options{Server: c.Server, Client: c.Client, Addr: c.Addr, Source: c.Source,
 		Port: c.Port, Count: c.Count, Size: c.Size, Verbose: c.Verbose, Validate: c.Validate, Debug: c.Debug,
-		Bind: c.Bind, RoCEPort: c.RoCEPort, Pcap: c.Pcap, Stat: c.Stat, Timeout: c.Timeout,
+		Bind: c.Bind, RoCEPort: c.RoCEPort, Pcap: c.Pcap, Stat: c.Stat, Timeout: c.Timeout, ConnectTimeout: c.ConnectTimeout,
 		Stdout: stdout, Stderr: stderr})
 	var ue *rping.UsageError
 	switch {

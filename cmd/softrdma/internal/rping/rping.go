@@ -32,6 +32,7 @@ import (
 	"github.com/softrdma/softrdma/rdmacm"
 	"github.com/softrdma/softrdma/transport/pcaptap"
 	"github.com/softrdma/softrdma/transport/wire"
+	"github.com/softrdma/softrdma/transport/wire/mad"
 )
 
 // Limits and defaults of rping.c.
@@ -73,6 +74,10 @@ type Options struct {
 	// Timeout bounds the connection set-up (default: the CM's retries,
 	// about a minute).
 	Timeout time.Duration
+	// ConnectTimeout: the client tries again, for this long, while the
+	// server refuses with REJ "invalid service ID" (nobody listens yet);
+	// 0: one attempt, as rping.
+	ConnectTimeout time.Duration
 
 	Stdout, Stderr io.Writer
 }
@@ -452,15 +457,28 @@ func (s *side) client(ctx context.Context, dst netip.AddrPort) error {
 	}
 	p := connParam()
 	p.RoCEPort = uint16(o.RoCEPort)
-	cctx, cancel := s.setupCtx(ctx)
-	var err error
-	s.conn, err = s.cm.Connect(cctx, s.qp, dst, p)
-	cancel()
-	if err != nil {
-		return fmt.Errorf("connect error: %w", err)
+	deadline := time.Now().Add(o.ConnectTimeout)
+	for {
+		cctx, cancel := s.setupCtx(ctx)
+		var err error
+		s.conn, err = s.cm.Connect(cctx, s.qp, dst, p)
+		cancel()
+		if err == nil {
+			break
+		}
+		var rej *rdmacm.RejectError
+		if !errors.As(err, &rej) || rej.Reason != mad.RejInvalidServiceID || time.Now().After(deadline) {
+			return fmt.Errorf("connect error: %w", err)
+		}
+		s.debugf("%v; trying again", err)
+		select {
+		case <-time.After(100 * time.Millisecond):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
 	s.debugf("rdma_connect successful")
-	err = s.testClient(ctx)
+	err := s.testClient(ctx)
 	if errors.Is(err, errDisconnected) {
 		fmt.Fprintln(o.Stderr, "client DISCONNECT EVENT...")
 		err = nil
