@@ -99,6 +99,30 @@ type Counters struct {
 	BacklogOverflow atomic.Uint64    // REQs dropped because the listener's backlog is full
 }
 
+// Counter is one named counter value.
+type Counter struct {
+	Name  string
+	Value uint64
+}
+
+var msgNames = [...]string{"req", "mra", "rej", "rep", "rtu", "dreq", "drep"}
+
+// Snapshot returns every counter by name: cm_sent_<msg> and
+// cm_rcvd_<msg> for req, mra, rej, rep, rtu, dreq, drep, then
+// cm_retransmits, cm_duplicates, cm_rejects_sent, cm_unknown_comm_id,
+// cm_unsupported, cm_malformed, cm_send_no_buffer, cm_backlog_overflow.
+func (c *Counters) Snapshot() []Counter {
+	var out []Counter
+	for i, n := range msgNames {
+		out = append(out, Counter{"cm_sent_" + n, c.Sent[i].Load()}, Counter{"cm_rcvd_" + n, c.Received[i].Load()})
+	}
+	return append(out,
+		Counter{"cm_retransmits", c.Retransmits.Load()}, Counter{"cm_duplicates", c.Duplicates.Load()},
+		Counter{"cm_rejects_sent", c.RejectsSent.Load()}, Counter{"cm_unknown_comm_id", c.UnknownCommID.Load()},
+		Counter{"cm_unsupported", c.Unsupported.Load()}, Counter{"cm_malformed", c.Malformed.Load()},
+		Counter{"cm_send_no_buffer", c.SendNoBuffer.Load()}, Counter{"cm_backlog_overflow", c.BacklogOverflow.Load()})
+}
+
 // CM is a device's connection manager. It owns the device's GSI QP (QP1);
 // there is one per device. Safe for concurrent use.
 type CM struct {

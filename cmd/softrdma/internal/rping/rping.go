@@ -558,6 +558,13 @@ func (s *side) close() {
 				fmt.Fprintf(s.o.Stdout, "  %s = %d\n", c.Name, c.Value)
 			}
 		}
+		if s.cm != nil {
+			for _, c := range s.cm.Counters().Snapshot() {
+				if c.Value != 0 {
+					fmt.Fprintf(s.o.Stdout, "  %s = %d\n", c.Name, c.Value)
+				}
+			}
+		}
 	}
 	if s.qp != nil {
 		_ = s.dev.DestroyQP(s.qp)
