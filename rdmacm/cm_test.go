@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"net/netip"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -286,4 +287,64 @@ func TestRetryAfterReject(t *testing.T) {
 		require.NoError(t, c.Disconnect())
 		<-c.Done()
 	})
+}
+
+// TestConnectUDP: over real sockets (IPv4 and IPv6 loopback, two devices on
+// ephemeral UDP ports): the passive side answers at the UDP port the REQ
+// came from (a lab device), the active side reaches the passive device at
+// ConnParam.RoCEPort, and the IP CM header carries the address family.
+func TestConnectUDP(t *testing.T) {
+	for _, v6 := range []bool{false, true} {
+		t.Run(map[bool]string{false: "IPv4", true: "IPv6"}[v6], func(t *testing.T) {
+			p := softrdmatest.NewPair(t, softrdmatest.Options{IPv6: v6, NoConnect: true})
+			cmA, err := rdmacm.Open(p.A.Dev, rdmacm.Options{Logf: t.Logf})
+			require.NoError(t, err)
+			defer cmA.Close()
+			cmB, err := rdmacm.Open(p.B.Dev, rdmacm.Options{Logf: t.Logf})
+			require.NoError(t, err)
+			defer cmB.Close()
+			l, err := cmA.Listen(port, 1)
+			require.NoError(t, err)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			got := make(chan netip.AddrPort, 1)
+			go func() {
+				r, err := l.GetRequest(ctx)
+				if err != nil {
+					got <- netip.AddrPort{}
+					return
+				}
+				got <- r.RemoteAddr()
+				_, _ = r.Accept(ctx, p.A.QP, rdmacm.ConnParam{ResponderResources: 1, InitiatorDepth: 1})
+			}()
+			c, err := cmB.Connect(ctx, p.B.QP, netipAddrPort(p.A.Dev, port),
+				rdmacm.ConnParam{ResponderResources: 1, InitiatorDepth: 1, RetryCount: 7, RNRRetryCount: 7,
+					RoCEPort: p.A.Dev.LocalAddr().Port()})
+			require.NoError(t, err)
+			require.Equal(t, p.B.Dev.LocalAddr().Addr(), (<-got).Addr(), "the REQ's IP CM source address")
+			require.Equal(t, softrdma.QPStateRTS, p.A.QP.State())
+			require.Equal(t, softrdma.QPStateRTS, p.B.QP.State())
+			require.Equal(t, p.A.Dev.LocalAddr(), p.B.QP.Attr().Dest, "B's QP faces A's device")
+			require.Equal(t, p.B.Dev.LocalAddr(), p.A.QP.Attr().Dest, "A's QP faces B's device, at its port")
+
+			// An RDMA READ from A of B's memory.
+			src, mrB := reg(t, p.B, 256)
+			for i := range src {
+				src[i] = byte(i)
+			}
+			dst, mrA := reg(t, p.A, 256)
+			_, err = p.A.QP.PostSend(softrdma.SendWR{Opcode: softrdma.WRRDMARead, Flags: softrdma.SendSignaled,
+				SGL:        []softrdma.SGE{{Addr: mrA.Addr(), Length: 256, LKey: mrA.LKey()}},
+				RemoteAddr: mrB.Addr(), RKey: mrB.RKey()})
+			require.NoError(t, err)
+			require.Equal(t, softrdma.WCSuccess, waitWC(t, p.A.CQ).Status)
+			require.Equal(t, src, dst)
+			require.NoError(t, c.Disconnect())
+			select {
+			case <-c.Done():
+			case <-ctx.Done():
+				t.Fatal("no DREP")
+			}
+		})
+	}
 }
