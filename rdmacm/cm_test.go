@@ -15,6 +15,7 @@ import (
 	"github.com/softrdma/softrdma/rdmacm"
 	"github.com/softrdma/softrdma/softrdmatest"
 	"github.com/softrdma/softrdma/transport"
+	"github.com/softrdma/softrdma/transport/conn"
 	"github.com/softrdma/softrdma/transport/wire/mad"
 )
 
@@ -347,4 +348,59 @@ func TestConnectUDP(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestLossyConnect: with 15% of the packets lost on each device's send
+// and receive (28% a hop), every
+// connection is still made and ended: lost REQs, REPs and DREQs are sent
+// again at the response timeout, a lost RTU brings the REP again and the
+// REP the RTU again, a lost DREP brings the DREQ again. Over the seeds,
+// each of those paths is taken (the counters say so).
+func TestLossyConnect(t *testing.T) {
+	var retransmits, duplicates uint64
+	for seed := uint64(1); seed <= 12; seed++ {
+		synctest.Test(t, func(t *testing.T) {
+			p := softrdmatest.NewPair(t, softrdmatest.Options{Pipe: true, NoPcap: true, NoConnect: true,
+				Impair: &conn.Impairment{Loss: 0.15, Seed: seed}})
+			cmA, err := rdmacm.Open(p.A.Dev, rdmacm.Options{Logf: t.Logf})
+			require.NoError(t, err)
+			defer cmA.Close()
+			cmB, err := rdmacm.Open(p.B.Dev, rdmacm.Options{Logf: t.Logf})
+			require.NoError(t, err)
+			defer cmB.Close()
+			l, err := cmA.Listen(port, 1)
+			require.NoError(t, err)
+			ctx := context.Background()
+			type result struct {
+				c   *rdmacm.Conn
+				err error
+			}
+			accepted := make(chan result, 1)
+			go func() {
+				r, err := l.GetRequest(ctx)
+				if err != nil {
+					accepted <- result{nil, err}
+					return
+				}
+				c, err := r.Accept(ctx, p.A.QP, rdmacm.ConnParam{})
+				accepted <- result{c, err}
+			}()
+			cb, err := cmB.Connect(ctx, p.B.QP, netipAddrPort(p.A.Dev, port), rdmacm.ConnParam{RetryCount: 7, RNRRetryCount: 7})
+			require.NoError(t, err, "seed %d", seed)
+			ra := <-accepted
+			require.NoError(t, ra.err, "seed %d", seed)
+			ca := ra.c
+			require.NoError(t, cb.Disconnect())
+			<-cb.Done()
+			<-ca.Done()
+			require.NoError(t, cb.Err(), "seed %d", seed)
+			require.NoError(t, ca.Err(), "seed %d", seed)
+			for _, cm := range []*rdmacm.CM{cmA, cmB} {
+				retransmits += cm.Counters().Retransmits.Load()
+				duplicates += cm.Counters().Duplicates.Load()
+			}
+		})
+	}
+	require.NotZero(t, retransmits)
+	require.NotZero(t, duplicates)
 }
