@@ -1,6 +1,7 @@
 package conn_test
 
 import (
+	"errors"
 	"net"
 	"net/netip"
 	"sync"
@@ -149,3 +150,5 @@ func (u *netUDP) SetImpairment(*conn.Impairment) error { return nil }
 func (u *netUDP) SetTap(conn.Tap)                      {}
 func (u *netUDP) Close() error                         { return u.c.Close() }
 func (u *netUDP) Wake()                                { u.c.SetReadDeadline(time.Now()) }
+func (u *netUDP) AcquireSourcePort(uint16) error       { return errors.ErrUnsupported }
+func (u *netUDP) ReleaseSourcePort(uint16)             {}
