@@ -179,3 +179,16 @@ func TestPipeSourcePort(t *testing.T) {
 	a.ReleaseSourcePort(0xC123)
 	require.Empty(t, a.SourcePorts())
 }
+
+// A batch the impairment drops whole leaves nothing to send (emitBatch
+// with no packets), from a source port or not.
+func TestUDPSendAllDropped(t *testing.T) {
+	a := listen(t, conn.Config{Impair: &conn.Impairment{Loss: 1, Dir: conn.DirTx}})
+	b := listen(t, conn.Config{})
+	p := freePorts(t, 1)[0]
+	require.NoError(t, a.AcquireSourcePort(p))
+	require.NoError(t, a.Send([]conn.Packet{{Buf: newPacket(1, 64), Addr: b.LocalAddr(), SrcPort: p}}))
+	require.NoError(t, a.Send([]conn.Packet{{Buf: newPacket(2, 64), Addr: b.LocalAddr()}}))
+	require.Zero(t, a.Stats().SentDatagrams.Load())
+	require.Equal(t, uint64(2), a.Stats().TxImpair.Dropped.Load())
+}

@@ -424,6 +424,9 @@ func (c *UDPConn) Send(pkts []Packet) error { return c.send(pkts) }
 // keeping the order of each port's packets (and so of each QP's), and
 // each part is sent, batched and GSO-grouped, through its socket.
 func (c *UDPConn) emitBatch(items []item) error {
+	if len(items) == 0 {
+		return nil // all dropped or held by an impairment
+	}
 	port, mixed := items[0].sport, false
 	for i := 1; i < len(items) && !mixed; i++ {
 		mixed = items[i].sport != port
