@@ -290,8 +290,9 @@ func (d *Device) CreateQP(pd uint32, init *QPInitAttr) (*QP, error) {
 		}
 		if d.qpTable[n].Load() == nil {
 			qp.qpn = wire.QPN(n)
-			qp.src.rxe = wire.QPSourcePort(qp.qpn) // rxe_qp_init_req
-			qp.bindCursors()                       // again, now with the QPN that type 2 windows check
+			qp.bindCursors() // again, now with the QPN that type 2 windows check
+			// The UDP source port rxe gives a new QP (rxe_qp_init_req).
+			qp.src.rxe = wire.QPSourcePort(qp.qpn)
 			d.qpTable[n].Store(qp)
 			return qp, nil
 		}
