@@ -1,6 +1,6 @@
 package wire
 
-// UDP source ports (Annex A17.2.1). RoCEv2 fixes the destination port
+// UDP source ports (Annex A17). RoCEv2 fixes the destination port
 // (4791) and leaves the source port to the sender as flow entropy: routers
 // and NICs hash the 5-tuple to pick a link or a receive queue, so different
 // QPs may take different paths, while every packet of one QP carries the
