@@ -21,11 +21,13 @@ import "fmt"
 // out of the data path. Receiving stays on the device's own port: peers
 // send to it (4791) whatever port we send from.
 //
-// A port that cannot be bound (another socket on the host has it: on one
-// machine, typically another device listening on a port in 0xC000-0xFFFF,
-// such as an ephemeral one) makes the QP send from the device's own port
-// instead, with a warning (rate-limited); the traffic works, only the
-// spreading of that QP is lost. Conversely a device that listens on a port
+// Devices of one host that want the same port on the same IP share it
+// (the sockets set SO_REUSEPORT). A port that cannot be bound (a socket
+// without SO_REUSEPORT has it: on one machine, typically another device
+// listening on a port in 0xC000-0xFFFF, such as an ephemeral one) makes
+// the QP send from the device's own port instead, with a warning
+// (rate-limited); the traffic works, only the spreading of that QP is
+// lost. Conversely a device that listens on a port
 // some device's QP holds as its source port cannot bind it: bind port 0
 // (the kernel then picks a free one) or a port below 0xC000, or set
 // SourcePort.

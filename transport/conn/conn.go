@@ -146,9 +146,11 @@ type Conn interface {
 	// sending from port needs (UDPConn: a send-only socket bound to the
 	// conn's IP and port, with the conn's socket options), later ones share
 	// it. Port 0 and the conn's own port need nothing and are not counted.
-	// It fails if the port cannot be bound, typically because another
-	// socket on the host has it (errors.Is(err, syscall.EADDRINUSE)); the
-	// caller may then send from the conn's own port.
+	// The sockets set SO_REUSEPORT: conns of the host that send from the
+	// same IP and port share it. It fails if the port cannot be bound,
+	// typically because a socket without SO_REUSEPORT has it (another
+	// conn's own port; errors.Is(err, syscall.EADDRINUSE)); the caller may
+	// then send from the conn's own port.
 	AcquireSourcePort(port uint16) error
 
 	// ReleaseSourcePort gives up one hold of port taken by

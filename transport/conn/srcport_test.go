@@ -192,3 +192,26 @@ func TestUDPSendAllDropped(t *testing.T) {
 	require.Zero(t, a.Stats().SentDatagrams.Load())
 	require.Equal(t, uint64(2), a.Stats().TxImpair.Dropped.Load())
 }
+
+// Two conns on one IP share a source port (SO_REUSEPORT): two devices on
+// 127.0.0.1 whose QPs 0x11 connect to each other both send from rxe's
+// 49441. Each one's datagrams still leave from the port and arrive.
+func TestUDPSourcePortSharedBetweenConns(t *testing.T) {
+	a := listen(t, conn.Config{})
+	b := listen(t, conn.Config{})
+	p := freePorts(t, 1)[0]
+	require.NoError(t, a.AcquireSourcePort(p))
+	require.NoError(t, b.AcquireSourcePort(p))
+	require.NoError(t, a.Send([]conn.Packet{{Buf: newPacket(1, 64), Addr: b.LocalAddr(), SrcPort: p}}))
+	require.NoError(t, b.Send([]conn.Packet{{Buf: newPacket(2, 64), Addr: a.LocalAddr(), SrcPort: p}}))
+	for _, c := range []*conn.UDPConn{a, b} {
+		got := receiveN(t, c, 1, 5*time.Second)
+		require.Len(t, got, 1)
+		require.Equal(t, netip.AddrPortFrom(loopback, p), got[0].from)
+	}
+	require.Zero(t, a.Stats().BadICRC.Load()+b.Stats().BadICRC.Load())
+	// A conn cannot listen on a port held as a source port, nor the other
+	// way round: only the source ports' sockets share.
+	_, err := conn.Listen(conn.Config{Addr: netip.AddrPortFrom(loopback, p)})
+	require.ErrorIs(t, err, syscall.EADDRINUSE)
+}

@@ -6,6 +6,7 @@ import (
 	"golang.org/x/net/ipv4"
 	"golang.org/x/net/ipv6"
 
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -252,10 +253,28 @@ func (c *UDPConn) openSourcePort(port uint16) (*srcPort, error) {
 	if !c.is4 {
 		network = "udp6"
 	}
-	pc, err := net.ListenUDP(network, net.UDPAddrFromAddrPort(netip.AddrPortFrom(c.bindIP, port)))
+	// SO_REUSEPORT: conns of this host that send from the same IP and
+	// port share it (two devices on 127.0.0.1 whose QPs 0x11 connect to
+	// each other both want rxe's 49441, the perftest-style tools' server
+	// and client in two shells of one machine say). Only sockets that all
+	// set it share a port, so no conn's own (receiving) port, which is
+	// bound without it, can be taken, nor can a port another program
+	// holds. Nothing is read from these sockets: that the kernel would
+	// spread datagrams sent to the port among them does not matter.
+	lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
+		var serr error
+		if err := rc.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
+		}); err != nil {
+			return err
+		}
+		return serr
+	}}
+	pconn, err := lc.ListenPacket(context.Background(), network, netip.AddrPortFrom(c.bindIP, port).String())
 	if err != nil {
 		return nil, err
 	}
+	pc := pconn.(*net.UDPConn)
 	rc, err := pc.SyscallConn()
 	if err == nil {
 		cerr := rc.Control(func(fd uintptr) {
