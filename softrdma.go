@@ -62,7 +62,22 @@ type Config struct {
 	// FaultPolicy is how the responder meets a page fault on an ODP MR
 	// (FaultSync, the default, or FaultRNR).
 	FaultPolicy FaultPolicy
+	// SourcePort is the UDP source port of the packets the device sends.
+	// SourcePortSpread (0, the default) spreads QPs over 0xC000-0xFFFF as
+	// Linux rxe does: each QP sends from the port rxe would give it, a
+	// hash of its QPN and its peer's (QP.SourcePort; docs/wire.md).
+	// SourcePortOwn (-1), or Addr's port, sends everything from the
+	// device's own socket; any other port number sends everything from
+	// that port (Open fails if it cannot be bound). The device receives on
+	// Addr's port in every case.
+	SourcePort int
 }
+
+// Values of Config.SourcePort besides a port number.
+const (
+	SourcePortSpread = transport.SourcePortSpread
+	SourcePortOwn    = transport.SourcePortOwn
+)
 
 // Device is an open softrdma NIC (struct ibv_context).
 type Device struct {
@@ -118,7 +133,7 @@ func Open(cfg Config) (*Device, error) {
 	place := placement.New(placement.Config{PinLimit: cfg.PinLimit, AddressSpace: cfg.AddressSpace,
 		ODPBudget: cfg.ODPBudget, NoODP: !cfg.Profile.odp()})
 	t, err := transport.NewDevice(transport.Config{Conn: c, Placement: place, Logf: cfg.Logf, FaultPolicy: cfg.FaultPolicy,
-		ActiveMTU: activeMTU(c.LocalAddr().Addr())})
+		ActiveMTU: activeMTU(c.LocalAddr().Addr()), SourcePort: cfg.SourcePort})
 	if err != nil {
 		c.Close()
 		return nil, fmt.Errorf("softrdma: open: %w", err)

@@ -39,6 +39,13 @@ type Config struct {
 	// ActiveMTU is the port's active MTU (0: MTU4096), derived from the
 	// link's MTU by the caller (ActiveMTUFor).
 	ActiveMTU MTU
+	// SourcePort is the UDP source port of the device's packets (see
+	// sport.go): SourcePortSpread (0, the default) gives each QP the one
+	// Linux rxe would, 0xC000 plus a hash of its QPNs; SourcePortOwn (-1)
+	// sends everything from the conn's own port, as does that port's
+	// number; any other port number sends everything from that port
+	// (NewDevice fails if it cannot be bound).
+	SourcePort int
 }
 
 // FaultPolicy is how a responder handles a page fault on an ODP MR named
@@ -74,6 +81,14 @@ type Device struct {
 	policy   FaultPolicy
 	mtu      MTU // active MTU; 0: MTU4096
 	susp     suspendState
+
+	// spread: each QP sends from rxe's port for it (Config.SourcePort
+	// 0); otherwise every packet leaves from fixedPort, held by the
+	// device (0: the conn's own port). sportWarned counts the QPs that
+	// could not hold their port.
+	spread      bool
+	fixedPort   uint16
+	sportWarned atomic.Uint64
 
 	// closing asks the receive loop to send its pending ACKs before Close
 	// closes the socket; it closes acksFlushed when it has.
@@ -123,6 +138,9 @@ func NewDevice(cfg Config) (*Device, error) {
 	}
 	if d.logf == nil {
 		d.logf = func(string, ...any) {}
+	}
+	if err := d.initSourcePort(cfg.SourcePort); err != nil {
+		return nil, err
 	}
 	d.qps.next = FirstQPN
 	d.reader = d.place.NewReader()
@@ -305,6 +323,8 @@ func (d *Device) createQP(pd uint32, init *QPInitAttr, qpn uint32) (*QP, error) 
 		if d.qpTable[n].Load() == nil {
 			qp.qpn = wire.QPN(n)
 			qp.bindCursors() // again, now with the QPN that type 2 windows check
+			// The UDP source port rxe gives a new QP (rxe_qp_init_req).
+			qp.src.rxe = wire.QPSourcePort(qp.qpn)
 			d.qpTable[n].Store(qp)
 			return qp, nil
 		}
@@ -317,6 +337,9 @@ func (d *Device) DestroyQP(qp *QP) error {
 	qp.enterError()
 	qp.stopTimer()
 	d.qpTable[qp.qpn].CompareAndSwap(qp, nil)
+	qp.modifyMu.Lock()
+	qp.releaseSourcePort()
+	qp.modifyMu.Unlock()
 	// Type 2 windows go with their QP, so that a later QP of the same
 	// number cannot use them.
 	d.place.ReleaseQPWindows(uint32(qp.qpn))
@@ -533,14 +556,15 @@ func (b *txBatch) init(d *Device) {
 // full reports whether the batch has no free slot.
 func (b *txBatch) full() bool { return b.n == txBatchSize }
 
-// alloc returns a zeroed-length slot of size bytes addressed to to,
-// flushing first if the batch is full.
-func (b *txBatch) alloc(size int, to netip.AddrPort) []byte {
+// alloc returns a zeroed-length slot of size bytes addressed to to, to be
+// sent from UDP source port sport (0: the device's own), flushing first if
+// the batch is full.
+func (b *txBatch) alloc(size int, to netip.AddrPort, sport uint16) []byte {
 	if b.n == txBatchSize {
 		b.flush()
 	}
 	buf := b.slab[b.n*maxPacket : b.n*maxPacket+size : (b.n+1)*maxPacket]
-	b.pkts[b.n] = conn.Packet{Buf: buf, Addr: to}
+	b.pkts[b.n] = conn.Packet{Buf: buf, Addr: to, SrcPort: sport}
 	b.n++
 	return buf
 }
@@ -568,7 +592,7 @@ func (b *txBatch) flush() {
 func buildPacket(b *txBatch, path *path, op wire.Opcode, psn wire.PSN, ackReq bool, payload int) ([]byte, *wire.OpInfo) {
 	info := wire.Info(op)
 	pad := wire.PadFor(payload)
-	buf := b.alloc(info.Length+payload+pad+wire.ICRCSize, path.dest)
+	buf := b.alloc(info.Length+payload+pad+wire.ICRCSize, path.dest, path.sport)
 	wire.BTH(buf).Encode(&wire.BTHFields{
 		Opcode:   op,
 		PadCount: pad,

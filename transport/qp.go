@@ -90,6 +90,11 @@ type QPAttr struct {
 	MinRNRTimer     uint8          // min_rnr_timer, encoded (IBTA Table 45)
 	DestQPN         wire.QPN       // dest_qp_num
 	QKey            uint32         // qkey: UD, the Q_Key datagrams must carry (IBTA 10.2.5)
+	// FlowLabel is ah_attr.grh.flow_label (20 bits), set with QPAttrAV.
+	// RoCEv2 packets carry no GRH; rxe derives the QP's UDP source port
+	// from it (wire.SourcePort; 0: from the two QPNs), and so does the
+	// device by default (Config.SourcePort).
+	FlowLabel uint32
 }
 
 // required lists, per transition, the attributes ib_modify_qp_is_ok
@@ -151,6 +156,8 @@ type QP struct {
 	// path is what the data path reads of attr, published atomically by
 	// Modify so that the receive loop needs no lock.
 	path atomic.Pointer[path]
+	// src is the UDP source port state (sport.go); guarded by modifyMu.
+	src qpSource
 
 	sq struct {
 		sync.Mutex
@@ -190,6 +197,7 @@ type path struct {
 	access      stag.Access // qp_access_flags
 	minRNRTimer uint8
 	qkey        uint32 // UD: the QP's Q_Key
+	sport       uint16 // UDP source port of the QP's packets; 0: the device's own
 }
 
 // sendWQE is one send queue entry. sgl and inline are preallocated per
@@ -363,6 +371,9 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 				attr.Dest, map[bool]string{true: "IPv4", false: "IPv6"}[dst.Is4()], local)
 		}
 	}
+	if mask&QPAttrAV != 0 && attr.FlowLabel > wire.FlowLabelMask {
+		return fmt.Errorf("%w: flow label %#x is wider than 20 bits", ErrBadAttr, attr.FlowLabel)
+	}
 	if mask&QPAttrRetryCnt != 0 && attr.RetryCnt > 7 || mask&QPAttrRNRRetry != 0 && attr.RNRRetry > 7 {
 		return fmt.Errorf("%w: retry_cnt and rnr_retry are 3-bit values (0-7)", ErrBadAttr)
 	}
@@ -377,10 +388,32 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 		return fmt.Errorf("%w: max_rd_atomic above the device limit %d", ErrBadAttr, MaxRdAtomic)
 	}
 
+	// The UDP source port (sport.go): rxe's changes with an address
+	// vector (rxe_modify_qp, after the other attributes, so with this
+	// call's destination QPN); a QP that may send holds its port, one
+	// reset gives it up. Decided before sq and rq are locked: holding a
+	// new port may bind a socket.
+	if mask&QPAttrAV != 0 && qp.typ != QPTypeUD {
+		dqpn := qp.Attr().DestQPN
+		if mask&QPAttrDestQPN != 0 {
+			dqpn = attr.DestQPN & wire.QPNMask
+		}
+		qp.src.rxe = wire.SourcePort(attr.FlowLabel, qp.qpn, dqpn)
+	}
+	sport := qp.path.Load().sport
+	switch {
+	case sendingState(next):
+		sport = qp.chooseSourcePort()
+	case next == QPStateReset:
+		qp.releaseSourcePort()
+		sport = 0
+	}
+
 	var flush bool
 	qp.sq.Lock()
 	qp.rq.Lock()
 	np := *qp.path.Load()
+	np.sport = sport
 	a := &qp.attr
 	if mask&QPAttrAccessFlags != 0 {
 		a.AccessFlags = attr.AccessFlags
@@ -388,6 +421,7 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 	}
 	if mask&QPAttrAV != 0 {
 		a.Dest = attr.Dest
+		a.FlowLabel = attr.FlowLabel
 		if a.Dest.Port() == 0 {
 			a.Dest = netip.AddrPortFrom(a.Dest.Addr(), wire.RoCEv2Port)
 		}

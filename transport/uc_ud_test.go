@@ -324,8 +324,9 @@ func TestTransportMismatchDropped(t *testing.T) {
 // against what rxe sends (captures/ud_pingpong): UD_SEND_ONLY (0x64) or
 // _WITH_IMMEDIATE (0x65), AckReq 0, P_Key 0xffff, the WR's destination QPN,
 // PSNs from sq_psn, a DETH with the WR's Q_Key (the QP's own when the WR's
-// has the high bit, IBTA 10.2.5) and the sender's QPN; the WR completes
-// once sent.
+// has the high bit, IBTA 10.2.5) and the sender's QPN, from the UDP source
+// port rxe gives the QP (0xC000 + hash_32 of its QPN; 57236 for QP 0x11 in
+// the capture); the WR completes once sent.
 func TestUDSendBuildsDatagram(t *testing.T) {
 	r := newDGRig(t, QPTypeUD, conn.PipeConfig{})
 	ah, err := r.d.CreateAH(1, &AHAttr{Dest: r.from})
@@ -345,7 +346,7 @@ func TestUDSendBuildsDatagram(t *testing.T) {
 		require.NoError(t, err)
 		for _, pk := range pkts[got : got+n] {
 			require.NoError(t, wire.Parse(pk.Buf, &p))
-			require.Equal(t, r.d.LocalAddr(), pk.Addr)
+			require.Equal(t, netip.AddrPortFrom(r.d.LocalAddr().Addr(), wire.QPSourcePort(r.qp.QPN())), pk.Addr)
 			require.False(t, p.BTH().AckReq())
 			require.Equal(t, uint16(0xffff), p.BTH().PKey())
 			require.Equal(t, wire.PSN(5000+got), p.PSN())

@@ -166,7 +166,7 @@ func (qp *QP) sendDatagram(b *txBatch, path *path, w *sendWQE) bool {
 	n := int(w.length)
 	info := wire.Info(op)
 	pad := wire.PadFor(n)
-	buf := b.alloc(info.Length+n+pad+wire.ICRCSize, w.wr.AH.dest)
+	buf := b.alloc(info.Length+n+pad+wire.ICRCSize, w.wr.AH.dest, path.sport)
 	wire.BTH(buf).Encode(&wire.BTHFields{
 		Opcode:         op,
 		SolicitedEvent: w.wr.Flags&SendSolicited != 0,

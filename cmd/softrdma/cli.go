@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/softrdma/softrdma"
 	"github.com/softrdma/softrdma/cmd/softrdma/internal/perf"
 )
 
@@ -53,6 +54,7 @@ type toolCmd struct {
 	Pcap        string   `placeholder:"FILE" help:"Record every datagram sent and received in a pcap file."`
 	Impair      string   `placeholder:"SPEC" help:"Impair the traffic, e.g. loss=0.01,reorder=0.01,dup=0.005,corrupt=0.001,seed=7."`
 	Bind        string   `placeholder:"IP[:PORT]" help:"RoCEv2 address of this side's device. Default: the IP that reaches the peer; UDP port 4791 on the server, any on the client."`
+	SourcePort  sport    `name:"sport" placeholder:"spread|bind|PORT" help:"${sport_help}"`
 	ODP         bool     `short:"o" name:"odp" help:"Register this side's buffer on demand (IBV_ACCESS_ON_DEMAND) on memory of the device's address space instead of pinning it (perftest --odp)."`
 	IODP        bool     `short:"O" name:"iodp" help:"Reach this side's buffer through an implicit ODP MR over the whole address space (ibv_rc_pingpong -O)."`
 	Prefetch    bool     `short:"P" name:"prefetch" help:"Make the ODP buffer present before the run: ibv_advise_mr PREFETCH_WRITE with FLUSH (ibv_rc_pingpong -P). Needs --odp or --iodp."`
@@ -112,9 +114,34 @@ func (c *toolCmd) options(test perf.Test) (*perf.Options, error) {
 	}
 	return &perf.Options{
 		Test: test, Params: p, Server: c.Server, Port: c.Port, Bind: c.Bind, File: c.File, Out: c.Out,
-		Pcap: c.Pcap, Impair: c.Impair, JSON: c.JSON, ReportGbits: c.ReportGbits, ODP: odp,
+		Pcap: c.Pcap, Impair: c.Impair, SourcePort: int(c.SourcePort), JSON: c.JSON, ReportGbits: c.ReportGbits, ODP: odp,
 		Perftest: c.Perftest, ConnectTimeout: c.ConnectTimeout, Stat: c.Stat,
 	}, nil
+}
+
+// sport is --sport, the UDP source port of the packets a device sends
+// (softrdma.Config.SourcePort): "spread" (or 0, the default) gives each
+// QP the port Linux rxe would, "bind" the device's own port, a number
+// that port.
+type sport int
+
+// sportHelp is the help of every tool's --sport.
+const sportHelp = "UDP source port of the packets this side sends: spread (the default: each QP sends from the port Linux rxe would give it, 0xC000 plus a hash of the two QPNs), bind (the device's own port, the one it receives on), or a port number."
+
+func (p *sport) UnmarshalText(text []byte) error {
+	switch s := strings.TrimSpace(string(text)); s {
+	case "spread", "rxe", "0":
+		*p = sport(softrdma.SourcePortSpread)
+	case "bind":
+		*p = sport(softrdma.SourcePortOwn)
+	default:
+		n, err := strconv.ParseUint(s, 10, 16)
+		if err != nil || n == 0 {
+			return fmt.Errorf("--sport %q: want spread, bind or a UDP port (1-65535)", s)
+		}
+		*p = sport(n)
+	}
+	return nil
 }
 
 // byteSize is a size in bytes with an optional binary suffix: 4096, 64K,

@@ -113,7 +113,7 @@ func dump(w io.Writer, file string, all bool) error {
 		p := gopacket.NewPacket(data, linkType(ci), gopacket.DecodeOptions{NoCopy: true})
 		line.Reset()
 		fmt.Fprintf(&line, "%d %.6f ", frames, ci.Timestamp.Sub(first).Seconds())
-		isRoCE, icrcOK := formatRoCE(&line, p)
+		isRoCE, icrcOK := formatRoCE(&line, p, offPort(p))
 		switch {
 		case isRoCE:
 			roce++
@@ -144,12 +144,43 @@ func formatOther(b *strings.Builder, p gopacket.Packet, n int) {
 	fmt.Fprintf(b, "%s len=%d", strings.Join(names, "/"), n)
 }
 
+// offPort returns the RoCEv2 layers of a UDP datagram that is on neither
+// port 4791 yet is a RoCEv2 packet, decoded from its UDP payload, or nil.
+// RoCEv2 fixes the destination port only: an ACK or a response from a
+// spread source port (0xC000-0xFFFF, as rxe and softrdma send) to a
+// device bound to another port than 4791 (the perftest-style tools'
+// clients take an ephemeral one) has 4791 on neither side, and gopacket,
+// like Wireshark, decodes RoCEv2 by port. Such a datagram is taken for
+// RoCEv2 when its payload parses and ends in the ICRC of its IP and UDP
+// headers: a check of 32 bits, which other traffic passes by chance with
+// probability 2^-32.
+func offPort(p gopacket.Packet) gopacket.Packet {
+	udp, _ := p.Layer(golayers.LayerTypeUDP).(*golayers.UDP)
+	if udp == nil || udp.SrcPort == wire.RoCEv2Port || udp.DstPort == wire.RoCEv2Port {
+		return nil
+	}
+	var pkt wire.Packet
+	if wire.Parse(udp.Payload, &pkt) != nil {
+		return nil
+	}
+	h, err := layers.IPHeader(p.NetworkLayer())
+	if err != nil || !wire.VerifyICRCExact(&h, uint16(udp.SrcPort), uint16(udp.DstPort), udp.Payload) {
+		return nil
+	}
+	return gopacket.NewPacket(udp.Payload, layers.LayerTypeBTH, gopacket.DecodeOptions{NoCopy: true})
+}
+
 // formatRoCE writes the line of a RoCEv2 packet: addresses, BTH, each
 // extension header, MAD and CM fields, payload length and ICRC check. It
 // reports whether p is RoCEv2 (a BTH on UDP) and whether its ICRC is right.
-func formatRoCE(b *strings.Builder, p gopacket.Packet) (isRoCE, icrcOK bool) {
+// roce, if not nil, holds the RoCEv2 layers of p's UDP payload, decoded
+// apart because p is not on port 4791 (offPort).
+func formatRoCE(b *strings.Builder, p, roce gopacket.Packet) (isRoCE, icrcOK bool) {
+	if roce == nil {
+		roce = p
+	}
 	udp, _ := p.Layer(golayers.LayerTypeUDP).(*golayers.UDP)
-	bth, _ := p.Layer(layers.LayerTypeBTH).(*layers.BTH)
+	bth, _ := roce.Layer(layers.LayerTypeBTH).(*layers.BTH)
 	if udp == nil || bth == nil {
 		if udp != nil && udp.DstPort == wire.RoCEv2Port && p.ErrorLayer() != nil {
 			fmt.Fprintf(b, "%s -> %s malformed RoCEv2: %v", endpoint(srcIP(p), udp.SrcPort), endpoint(dstIP(p), udp.DstPort), p.ErrorLayer().Error())
@@ -178,7 +209,7 @@ func formatRoCE(b *strings.Builder, p gopacket.Packet) (isRoCE, icrcOK bool) {
 		payload int
 		dport   uint16 // of the REQ's IP service ID
 	)
-	for _, l := range p.Layers() {
+	for _, l := range roce.Layers() {
 		switch l := l.(type) {
 		case *layers.DETH:
 			fmt.Fprintf(b, " DETH[qkey=0x%08x srcqp=0x%06x]", l.QKey, uint32(l.SrcQP))
@@ -224,7 +255,7 @@ func formatRoCE(b *strings.Builder, p gopacket.Packet) (isRoCE, icrcOK bool) {
 	if payload > 0 {
 		fmt.Fprintf(b, " payload=%d", payload)
 	}
-	if el := p.ErrorLayer(); el != nil {
+	if el := roce.ErrorLayer(); el != nil {
 		fmt.Fprintf(b, " malformed: %v", el.Error())
 		return true, false
 	}

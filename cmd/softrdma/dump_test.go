@@ -2,7 +2,9 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"io"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +17,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/softrdma/softrdma/transport/conn"
+	"github.com/softrdma/softrdma/transport/pcaptap"
 	"github.com/softrdma/softrdma/transport/wire"
 )
 
@@ -253,4 +257,30 @@ func TestDumpErrors(t *testing.T) {
 	assert.Equal(t, exitOK, code)
 	assert.Contains(t, out, "--all")
 	assert.NotContains(t, out, "RoCEv2 packets, ICRC")
+}
+
+// A RoCEv2 packet on neither port 4791 — an ACK from a spread source port
+// to a client's ephemeral port — is printed when its ICRC verifies; a
+// datagram on those ports whose ICRC does not is not RoCEv2.
+func TestDumpOffPort(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "offport.pcap")
+	w, err := pcaptap.Create(path)
+	require.NoError(t, err)
+	src, dst := netip.MustParseAddrPort("127.0.0.2:49441"), netip.MustParseAddrPort("127.0.0.1:37316")
+	ack := make([]byte, wire.BTHSize+wire.AETHSize+wire.ICRCSize)
+	wire.BTH(ack).Encode(&wire.BTHFields{Opcode: wire.OpAcknowledge, PKey: wire.DefaultPKey, DestQP: 0x11, PSN: 0x1234})
+	wire.AETH(ack[wire.BTHSize:]).Encode(wire.SyndromeACK, 7)
+	wire.PutICRC(&wire.IPHeader{Src: src.Addr(), Dst: dst.Addr(), DF: true}, src.Port(), dst.Port(), ack)
+	w.Packet(conn.DirTx, src, dst, 0, ack)
+	bad := bytes.Clone(ack)
+	bad[len(bad)-1] ^= 1
+	w.Packet(conn.DirTx, src, dst, 0, bad)
+	require.NoError(t, w.Close())
+
+	lines, summary := dumpLines(t, path)
+	assert.Equal(t, "# 2 frames, 1 RoCEv2 packets, ICRC 1 ok, 0 bad", summary)
+	require.Len(t, lines, 1)
+	assert.Regexp(t, `^1 0\.\d{6} 127\.0\.0\.2:49441 -> 127\.0\.0\.1:37316 RC_ACKNOWLEDGE qpn=0x000011 psn=0x001234 ackreq=0 AETH\[ACK\(0x1f\) msn=7\] icrc=ok$`, lines[1])
+	all, _ := dumpLines(t, "-a", path)
+	assert.Contains(t, all[2], "Ethernet/IPv4/UDP/Payload")
 }

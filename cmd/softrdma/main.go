@@ -111,6 +111,7 @@ func newParser(c *cli, stdout, stderr io.Writer, exit func(int)) (*kong.Kong, er
 		kong.Writers(stdout, stderr),
 		kong.Exit(exit),
 		kong.ConfigureHelp(kong.HelpOptions{Compact: true}),
+		kong.Vars{"sport_help": sportHelp},
 	)
 }
 

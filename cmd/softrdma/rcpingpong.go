@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/softrdma/softrdma"
+	"github.com/softrdma/softrdma/cmd/softrdma/internal/odpbuf"
 	"github.com/softrdma/softrdma/cmd/softrdma/internal/pingpong"
 )
 
@@ -26,9 +27,15 @@ type pingCmd struct {
 	GIDIdx  int  `short:"g" name:"gid-idx" default:"-1" help:"Local GID index to advertise (softrdma has one GID, its IP, at every index). Without -g the GID is zero, which a RoCE peer cannot address: use -g 1 with rxe."`
 	Chk     bool `short:"c" name:"chk" help:"Validate the received buffer (the client zeroes the first byte of each page, the server checks it)."`
 	IBPort  int  `short:"i" name:"ib-port" default:"1" help:"Port of the device (only 1 exists)."`
+	// Demand paging, ibv_rc_pingpong's letters (the perftest-style tools
+	// have them too; odpbuf).
+	ODP      bool `short:"o" name:"odp" help:"Register the buffer on demand (IBV_ACCESS_ON_DEMAND): the device faults its pages in as transfers reach them."`
+	IODP     bool `short:"O" name:"iodp" help:"Reach the buffer through an implicit ODP MR over the whole address space (ibv_reg_mr(pd, NULL, SIZE_MAX)); implies -o."`
+	Prefetch bool `short:"P" name:"prefetch" help:"Prefetch the message's pages through the ODP MR before the first exchange (ibv_advise_mr PREFETCH_WRITE with FLUSH). Needs -o or -O."`
 
 	Verify         bool          `help:"Check every message received: the client sends a random pattern and checks each echo; the server checks that every message equals the first."`
 	Bind           string        `placeholder:"IP[:PORT]" help:"RoCEv2 address of this side's device. Default: the IP of the TCP connection, UDP port 4791 (the exchange carries no port, so a stock peer sends to 4791)."`
+	SourcePort     sport         `name:"sport" placeholder:"spread|bind|PORT" help:"${sport_help}"`
 	Pcap           string        `placeholder:"FILE" help:"Record every datagram sent and received in a pcap file."`
 	Stat           bool          `help:"Print the device's non-zero counters at the end."`
 	ConnectTimeout time.Duration `name:"connect-timeout" placeholder:"DURATION" help:"Client: keep retrying a refused connection for this long (default: one attempt, as ibv_rc_pingpong)."`
@@ -50,7 +57,8 @@ func (c *pingCmd) runAs(ctx context.Context, stdout, stderr io.Writer, name stri
 	err := pingpong.Run(ctx, pingpong.Options{
 		Type: typ, Server: c.Server, Port: c.Port, Size: c.Size, Iters: c.Iters, MTU: c.MTU, RxDepth: c.RxDepth,
 		SL: c.SL, Events: c.Events, GIDIndex: c.GIDIdx, Check: c.Chk, Verify: c.Verify, Seed: c.Seed,
-		Bind: c.Bind, Pcap: c.Pcap, Stat: c.Stat, ConnectTimeout: c.ConnectTimeout,
+		ODP:  odpbuf.Options{Explicit: c.ODP && !c.IODP, Implicit: c.IODP, Prefetch: c.Prefetch},
+		Bind: c.Bind, Pcap: c.Pcap, SourcePort: int(c.SourcePort), Stat: c.Stat, ConnectTimeout: c.ConnectTimeout,
 		Stdout: stdout, Logf: logf,
 	})
 	return pingExit(err, stderr, name)

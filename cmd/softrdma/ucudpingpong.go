@@ -30,6 +30,7 @@ type udPingCmd struct {
 
 	Verify         bool          `help:"Check every message received: the client sends a random pattern and checks each echo; the server checks that every message equals the first."`
 	Bind           string        `placeholder:"IP[:PORT]" help:"RoCEv2 address of this side's device. Default: the IP of the TCP connection, UDP port 4791."`
+	SourcePort     sport         `name:"sport" placeholder:"spread|bind|PORT" help:"${sport_help}"`
 	Pcap           string        `placeholder:"FILE" help:"Record every datagram sent and received in a pcap file."`
 	Stat           bool          `help:"Print the device's non-zero counters at the end."`
 	ConnectTimeout time.Duration `name:"connect-timeout" placeholder:"DURATION" help:"Client: keep retrying a refused connection for this long (default: one attempt, as ibv_ud_pingpong)."`
@@ -52,7 +53,7 @@ func (c *udPingCmd) run(ctx context.Context, stdout, stderr io.Writer) int {
 	err := pingpong.Run(ctx, pingpong.Options{
 		Type: softrdma.QPTypeUD, Server: c.Server, Port: c.Port, Size: c.Size, Iters: c.Iters,
 		MTU: softrdma.MTU4096.Bytes(), RxDepth: c.RxDepth, SL: c.SL, Events: c.Events, GIDIndex: c.GIDIdx,
-		Verify: c.Verify, Seed: c.Seed, Bind: c.Bind, Pcap: c.Pcap, Stat: c.Stat,
+		Verify: c.Verify, Seed: c.Seed, Bind: c.Bind, Pcap: c.Pcap, SourcePort: int(c.SourcePort), Stat: c.Stat,
 		ConnectTimeout: c.ConnectTimeout, Stdout: stdout, Logf: logf,
 	})
 	return pingExit(err, stderr, name)

@@ -1,6 +1,7 @@
 package conn_test
 
 import (
+	"errors"
 	"net"
 	"net/netip"
 	"sync"
@@ -23,11 +24,16 @@ func BenchmarkLoopback(b *testing.B) {
 		name     string
 		batch    int
 		gso, gro bool
+		sports   int // source ports the packets come from (0: the conn's own)
 	}{
-		{"plain", 1, false, false},
-		{"batch", conn.IdealBatchSize, false, false},
-		{"gso", conn.IdealBatchSize, true, false},
-		{"gsogro", conn.IdealBatchSize, true, true},
+		{"plain", 1, false, false, 0},
+		{"batch", conn.IdealBatchSize, false, false, 0},
+		{"gso", conn.IdealBatchSize, true, false, 0},
+		{"gsogro", conn.IdealBatchSize, true, true, 0},
+		// Source ports (AcquireSourcePort): one, and four interleaved
+		// packet by packet, which Send splits into four GSO sends.
+		{"gso-sport", conn.IdealBatchSize, true, false, 1},
+		{"gso-4sports", conn.IdealBatchSize, true, false, 4},
 	} {
 		b.Run(m.name, func(b *testing.B) {
 			tx := listen(b, conn.Config{DisableGSO: !m.gso, DisableGRO: true})
@@ -38,7 +44,16 @@ func BenchmarkLoopback(b *testing.B) {
 			if _, g := rx.Offload(); g != m.gro {
 				b.Skip("no UDP GRO")
 			}
-			benchmarkThroughput(b, tx, rx, m.batch)
+			var ports []uint16
+			if m.sports > 0 {
+				ports = freePorts(b, m.sports)
+				for _, p := range ports {
+					if err := tx.AcquireSourcePort(p); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			benchmarkThroughput(b, tx, rx, m.batch, ports...)
 		})
 	}
 	// The same loop over plain net.UDPConns (one datagram per call, no
@@ -62,12 +77,17 @@ func BenchmarkLoopback(b *testing.B) {
 	})
 }
 
-func benchmarkThroughput(b *testing.B, tx, rx conn.Conn, batch int) {
+// benchmarkThroughput sends batches from tx to rx, packet i from source
+// port sports[i%len(sports)] if any are given.
+func benchmarkThroughput(b *testing.B, tx, rx conn.Conn, batch int, sports ...uint16) {
 	const payload = 4096
 	size := wire.BTHSize + payload + wire.ICRCSize
 	pkts := make([]conn.Packet, batch)
 	for i := range pkts {
 		pkts[i] = conn.Packet{Buf: newPacket(uint32(i), size), Addr: rx.LocalAddr()}
+		if len(sports) > 0 {
+			pkts[i].SrcPort = sports[i%len(sports)]
+		}
 	}
 	var received atomic.Int64
 	var last atomic.Int64 // UnixNano of the last packet received
@@ -149,3 +169,5 @@ func (u *netUDP) SetImpairment(*conn.Impairment) error { return nil }
 func (u *netUDP) SetTap(conn.Tap)                      {}
 func (u *netUDP) Close() error                         { return u.c.Close() }
 func (u *netUDP) Wake()                                { u.c.SetReadDeadline(time.Now()) }
+func (u *netUDP) AcquireSourcePort(uint16) error       { return errors.ErrUnsupported }
+func (u *netUDP) ReleaseSourcePort(uint16)             {}

@@ -66,6 +66,13 @@ type Packet struct {
 	// header from it into the GRH it places at the head of the receive
 	// buffer, as Linux rxe copies the received header.
 	IP IPInfo
+	// SrcPort is the UDP source port Send sends the packet from (Receive
+	// leaves it 0: the source port is Addr's). 0, or the conn's own port,
+	// sends from the conn's socket; any other port must be held with
+	// AcquireSourcePort while packets carry it. A packet whose port is no
+	// longer held when it leaves (released while the packet waited in a
+	// delay impairment, say) goes from the conn's own port.
+	SrcPort uint16
 }
 
 // IPInfo is the part of a received datagram's IP header that its addresses
@@ -133,6 +140,22 @@ type Conn interface {
 	// another goroutine made due (held packets to replay after a
 	// suspension ends). It is safe to call from any goroutine.
 	Wake()
+
+	// AcquireSourcePort makes port usable as a Packet's SrcPort until the
+	// matching ReleaseSourcePort. Holds are counted: the first opens what
+	// sending from port needs (UDPConn: a send-only socket bound to the
+	// conn's IP and port, with the conn's socket options), later ones share
+	// it. Port 0 and the conn's own port need nothing and are not counted.
+	// The sockets set SO_REUSEPORT: conns of the host that send from the
+	// same IP and port share it. It fails if the port cannot be bound,
+	// typically because a socket without SO_REUSEPORT has it (another
+	// conn's own port; errors.Is(err, syscall.EADDRINUSE)); the caller may
+	// then send from the conn's own port.
+	AcquireSourcePort(port uint16) error
+
+	// ReleaseSourcePort gives up one hold of port taken by
+	// AcquireSourcePort; the last one closes the port's socket.
+	ReleaseSourcePort(port uint16)
 
 	// Close closes the conn. A blocked Receive returns net.ErrClosed.
 	// Packets still held by a delay or reorder impairment are discarded.

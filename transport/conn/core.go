@@ -1,10 +1,13 @@
 package conn
 
 import (
+	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/softrdma/softrdma/transport/wire"
@@ -15,6 +18,8 @@ type item struct {
 	buf  []byte
 	addr netip.AddrPort // send: destination; receive: source
 	pb   *pbuf          // non-nil when buf is pb.b, a conn-owned copy
+	// sport is the UDP source port to send from; 0: the conn's own.
+	sport uint16
 
 	id      uint16 // receive: the IPv4 ID the ICRC verified with
 	ip      IPInfo // receive: the rest of the IP header that is known (TTL, TOS, flow label)
@@ -35,6 +40,13 @@ type rawDgram struct {
 
 type tapBox struct{ t Tap }
 
+// srcPort is a source port held with AcquireSourcePort.
+type srcPort struct {
+	holds int             // AcquireSourcePort calls not yet released
+	sock  io.Closer       // UDPConn: the socket bound to the port; nil for a pipe
+	rc    syscall.RawConn // UDPConn: the socket's, for sendmmsg
+}
+
 // core is the pipeline shared by UDPConn and PipeConn: impairment, ICRC,
 // tap, stats and the delay timer. The backend provides emit (send a list
 // of packets, with txMu held) and fills rxRaw (with rxMu held).
@@ -54,6 +66,16 @@ type core struct {
 	emit func(items []item) error
 	// checkDst validates and normalizes a destination.
 	checkDst func(netip.AddrPort) (netip.AddrPort, bool)
+
+	// src holds the source ports packets may carry besides the conn's
+	// own (AcquireSourcePort). It is written with srcMu and txMu held
+	// and read with either: Send and emit hold txMu. Lock order: srcMu,
+	// txMu.
+	srcMu sync.Mutex
+	src   map[uint16]*srcPort
+	// openSrc opens the backend's socket for a source port (nil: none is
+	// needed, the pipe). Called with srcMu held.
+	openSrc func(port uint16) (*srcPort, error)
 
 	txMu  sync.Mutex
 	tx    impairer // guarded by txMu
@@ -96,6 +118,94 @@ func (c *core) init(local netip.AddrPort, pool *bufPool, logf func(string, ...an
 	c.timer.kick = make(chan struct{}, 1)
 	c.timer.done = make(chan struct{})
 	c.wakeC = make(chan struct{}, 1)
+	c.src = make(map[uint16]*srcPort)
+}
+
+// AcquireSourcePort implements Conn.
+func (c *core) AcquireSourcePort(port uint16) error {
+	if port == 0 || port == c.local.Port() {
+		return nil
+	}
+	c.srcMu.Lock()
+	defer c.srcMu.Unlock()
+	if c.closed.Load() {
+		return net.ErrClosed
+	}
+	if s := c.src[port]; s != nil {
+		s.holds++
+		return nil
+	}
+	s := &srcPort{}
+	if c.openSrc != nil {
+		var err error
+		if s, err = c.openSrc(port); err != nil {
+			return fmt.Errorf("conn: source port %d: %w", port, err)
+		}
+	}
+	s.holds = 1
+	c.txMu.Lock()
+	c.src[port] = s
+	c.txMu.Unlock()
+	return nil
+}
+
+// ReleaseSourcePort implements Conn.
+func (c *core) ReleaseSourcePort(port uint16) {
+	if port == 0 || port == c.local.Port() {
+		return
+	}
+	c.srcMu.Lock()
+	defer c.srcMu.Unlock()
+	s := c.src[port]
+	if s == nil {
+		return // closed with the conn
+	}
+	if s.holds--; s.holds > 0 {
+		return
+	}
+	c.txMu.Lock()
+	delete(c.src, port)
+	c.txMu.Unlock()
+	if s.sock != nil {
+		_ = s.sock.Close()
+	}
+}
+
+// SourcePorts returns the source ports held with AcquireSourcePort and
+// the number of holds of each.
+func (c *core) SourcePorts() map[uint16]int {
+	c.srcMu.Lock()
+	defer c.srcMu.Unlock()
+	out := make(map[uint16]int, len(c.src))
+	for p, s := range c.src {
+		out[p] = s.holds
+	}
+	return out
+}
+
+// closeSourcePorts closes every source port's socket (Close).
+func (c *core) closeSourcePorts() {
+	c.srcMu.Lock()
+	defer c.srcMu.Unlock()
+	c.txMu.Lock()
+	ports := c.src
+	c.src = map[uint16]*srcPort{}
+	c.txMu.Unlock()
+	for _, s := range ports {
+		if s.sock != nil {
+			_ = s.sock.Close()
+		}
+	}
+}
+
+// srcPortOf returns the source port a packet given to Send leaves from:
+// 0 (the conn's own) for 0, the conn's own port or a port not held.
+// Called with txMu held.
+func (c *core) srcPortOf(port uint16) uint16 {
+	if port == c.local.Port() || c.src[port] == nil {
+		return 0
+	}
+	return port
 }
 
 func (c *core) LocalAddr() netip.AddrPort { return c.local }
@@ -149,7 +259,7 @@ func (c *core) send(pkts []Packet) error {
 			clear(in)
 			return ErrAddressFamily
 		}
-		in = append(in, item{buf: p.Buf, addr: a})
+		in = append(in, item{buf: p.Buf, addr: a, sport: c.srcPortOf(p.SrcPort)})
 	}
 	c.tx.begin(c.impair.Load())
 	if c.tx.idle() {
@@ -192,16 +302,20 @@ func (c *core) finishTx(it *item, id uint16) {
 		it.buf[it.pos] ^= it.mask
 		it.flipped = false
 	}
+	src := c.local
+	if it.sport != 0 {
+		src = netip.AddrPortFrom(c.local.Addr(), it.sport)
+	}
 	if !c.noICRC {
-		h := wire.IPHeader{Src: c.local.Addr(), Dst: it.addr.Addr(), ID: id, DF: true}
-		wire.PutICRC(&h, c.local.Port(), it.addr.Port(), it.buf)
+		h := wire.IPHeader{Src: src.Addr(), Dst: it.addr.Addr(), ID: id, DF: true}
+		wire.PutICRC(&h, src.Port(), it.addr.Port(), it.buf)
 	}
 	if it.corrupt {
 		it.buf[it.pos] ^= it.mask
 		it.flipped = true
 	}
 	if t := c.tap.Load(); t != nil {
-		t.t.Packet(DirTx, c.local, it.addr, id, it.buf)
+		t.t.Packet(DirTx, src, it.addr, id, it.buf)
 	}
 }
 
@@ -262,6 +376,7 @@ func (c *core) shutdown() {
 	c.closed.Store(true)
 	close(c.timer.done)
 	c.timer.wg.Wait()
+	c.closeSourcePorts()
 	c.txMu.Lock()
 	c.tx.discard()
 	c.txMu.Unlock()

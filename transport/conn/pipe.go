@@ -23,7 +23,8 @@ type PipeConfig struct {
 // PipeConn is one end of an in-memory pipe (see NewPipe). It has the same
 // Packet semantics as a UDP conn: ICRCs are computed with IPv4 ID 0 and
 // checked, impairments and taps work the same way. It does not batch into
-// GSO super-buffers.
+// GSO super-buffers. Source ports (AcquireSourcePort) need no socket: a
+// packet sent from one arrives from it.
 type PipeConn struct {
 	core
 	peer   *PipeConn
@@ -101,9 +102,13 @@ func (p *PipeConn) emit(items []item) error {
 		if peer.core.closed.Load() {
 			continue // like UDP to a closed port: gone
 		}
+		from := p.local
+		if it.sport != 0 {
+			from = netip.AddrPortFrom(from.Addr(), it.sport)
+		}
 		pb := p.pool.copyOf(it.buf)
 		select {
-		case peer.q <- rawDgram{buf: pb.b, from: p.local, pb: pb, ip: IPInfo{TTL: DefaultTTL, TOS: DefaultTOS}}:
+		case peer.q <- rawDgram{buf: pb.b, from: from, pb: pb, ip: IPInfo{TTL: DefaultTTL, TOS: DefaultTOS}}:
 		default:
 			peer.stats.RecvQueueFull.Add(1)
 			p.pool.put(pb)

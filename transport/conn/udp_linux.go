@@ -6,11 +6,13 @@ import (
 	"golang.org/x/net/ipv4"
 	"golang.org/x/net/ipv6"
 
+	"context"
 	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -45,7 +47,9 @@ type UDPConn struct {
 	gso       atomic.Bool // UDP_SEGMENT is used (turned off on EIO)
 	gro       bool        // UDP_GRO is on
 	maxGSO    int
-	scopeID   uint32 // of the local address, for link-local IPv6 destinations
+	scopeID   uint32     // of the local address, for link-local IPv6 destinations
+	bindIP    netip.Addr // the address bound, with its zone: source ports bind it too
+	cfgSndBuf int        // Config.SndBuf, for the source ports' sockets
 	rcvBuf    int
 	sndBuf    int
 	closeOnce sync.Once
@@ -62,6 +66,11 @@ type UDPConn struct {
 	sN     int // messages sent
 	sErr   unix.Errno
 	sendFn func(fd uintptr) bool
+	sRC    syscall.RawConn // the socket of the sendmmsg call
+	// sorted and sports are emitBatch's scratch for a batch from several
+	// source ports.
+	sorted []item
+	sports []uint16
 
 	// Receive state, guarded by rxMu.
 	rh       []unix.Mmsghdr
@@ -104,11 +113,12 @@ func Listen(cfg Config) (*UDPConn, error) {
 	}
 	la := pc.LocalAddr().(*net.UDPAddr).AddrPort()
 	local := netip.AddrPortFrom(la.Addr().Unmap(), la.Port())
-	c := &UDPConn{pc: pc}
+	c := &UDPConn{pc: pc, bindIP: ip, cfgSndBuf: cfg.SndBuf}
 	c.core.init(local, new(bufPool), cfg.Logf)
 	c.core.noICRC = cfg.NoICRC
 	c.core.emit = c.emitBatch
 	c.core.checkDst = c.checkDst
+	c.core.openSrc = c.openSourcePort
 	c.maxGSO = maxGSO4
 	if !c.is4 {
 		c.maxGSO = maxGSO6
@@ -142,13 +152,7 @@ func (c *UDPConn) setup(cfg Config) error {
 	var gso bool
 	cerr := c.rc.Control(func(fd uintptr) {
 		s := int(fd)
-		if c.is4 {
-			err = unix.SetsockoptInt(s, unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_DO)
-		} else {
-			err = unix.SetsockoptInt(s, unix.IPPROTO_IPV6, unix.IPV6_MTU_DISCOVER, unix.IPV6_PMTUDISC_DO)
-		}
-		if err != nil {
-			err = fmt.Errorf("set IP_MTU_DISCOVER: %w", err)
+		if err = c.setDF(s); err != nil {
 			return
 		}
 		if !c.is4 {
@@ -183,29 +187,124 @@ func (c *UDPConn) setup(cfg Config) error {
 	if cerr != nil {
 		return cerr
 	}
-	// The IP header fields RoCEv2 peers see from Linux rxe: TTL (hop
-	// limit) 64 and TOS (traffic class) 0, set explicitly rather than
-	// inherited from sysctls. The ICRC masks them, so they matter only to
-	// captures and to the network.
+	if err != nil {
+		return err
+	}
+	if err := c.setTTLTOS(c.pc); err != nil {
+		return err
+	}
+	c.gso.Store(gso && !cfg.DisableGSO)
+	return nil
+}
+
+// setDF sets IP_MTU_DISCOVER to IP_PMTUDISC_DO (IPv6: IPV6_PMTUDISC_DO):
+// every datagram leaves with DF set and, from an unconnected socket, IPv4
+// ID 0 (see emitBatch), the ID our ICRCs are computed with.
+func (c *UDPConn) setDF(fd int) error {
+	var err error
 	if c.is4 {
-		p := ipv4.NewConn(c.pc)
+		err = unix.SetsockoptInt(fd, unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_DO)
+	} else {
+		err = unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_MTU_DISCOVER, unix.IPV6_PMTUDISC_DO)
+	}
+	if err != nil {
+		return fmt.Errorf("set IP_MTU_DISCOVER: %w", err)
+	}
+	return nil
+}
+
+// setTTLTOS sets the IP header fields RoCEv2 peers see from Linux rxe:
+// TTL (hop limit) 64 and TOS (traffic class) 0, set explicitly rather than
+// inherited from sysctls. The ICRC masks them, so they matter only to
+// captures and to the network.
+func (c *UDPConn) setTTLTOS(pc *net.UDPConn) error {
+	if c.is4 {
+		p := ipv4.NewConn(pc)
 		if err := p.SetTTL(64); err != nil {
 			return fmt.Errorf("set IP_TTL: %w", err)
 		}
 		if err := p.SetTOS(0); err != nil {
 			return fmt.Errorf("set IP_TOS: %w", err)
 		}
-	} else {
-		p := ipv6.NewConn(c.pc)
-		if err := p.SetHopLimit(64); err != nil {
-			return fmt.Errorf("set IPV6_UNICAST_HOPS: %w", err)
+		return nil
+	}
+	p := ipv6.NewConn(pc)
+	if err := p.SetHopLimit(64); err != nil {
+		return fmt.Errorf("set IPV6_UNICAST_HOPS: %w", err)
+	}
+	if err := p.SetTrafficClass(0); err != nil {
+		return fmt.Errorf("set IPV6_TCLASS: %w", err)
+	}
+	return nil
+}
+
+// srcRcvBuf is the receive buffer a source port's socket asks for: the
+// kernel's minimum. Nothing is read from it (peers send to the conn's own
+// port), so whatever arrives there is dropped at once.
+const srcRcvBuf = 0
+
+// openSourcePort opens the socket a source port sends from: bound to the
+// conn's IP and port, unconnected, with the conn's DF, TTL, TOS and send
+// buffer, so that its datagrams differ from the conn's own only in the
+// source port (IPv4 ID 0 included). It is only written to, by emitBatch's
+// sendmmsg with the same messages, GSO included. (AcquireSourcePort)
+func (c *UDPConn) openSourcePort(port uint16) (*srcPort, error) {
+	network := "udp4"
+	if !c.is4 {
+		network = "udp6"
+	}
+	// SO_REUSEPORT: conns of this host that send from the same IP and
+	// port share it (two devices on 127.0.0.1 whose QPs 0x11 connect to
+	// each other both want rxe's 49441, the perftest-style tools' server
+	// and client in two shells of one machine say). Only sockets that all
+	// set it share a port, so no conn's own (receiving) port, which is
+	// bound without it, can be taken, nor can a port another program
+	// holds. Nothing is read from these sockets: that the kernel would
+	// spread datagrams sent to the port among them does not matter.
+	lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
+		var serr error
+		if err := rc.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
+		}); err != nil {
+			return err
 		}
-		if err := p.SetTrafficClass(0); err != nil {
-			return fmt.Errorf("set IPV6_TCLASS: %w", err)
+		return serr
+	}}
+	pconn, err := lc.ListenPacket(context.Background(), network, netip.AddrPortFrom(c.bindIP, port).String())
+	if err != nil {
+		return nil, err
+	}
+	pc := pconn.(*net.UDPConn)
+	rc, err := pc.SyscallConn()
+	if err == nil {
+		cerr := rc.Control(func(fd uintptr) {
+			s := int(fd)
+			if err = c.setDF(s); err != nil {
+				return
+			}
+			_ = unix.SetsockoptInt(s, unix.SOL_SOCKET, unix.SO_RCVBUF, srcRcvBuf)
+			// The send buffer as the conn's, without the warnings (the
+			// conn's socket has given them).
+			want := c.cfgSndBuf
+			if want == 0 {
+				want = DefaultSocketBuffer
+			}
+			if want > 0 && unix.SetsockoptInt(s, unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, want/2) != nil {
+				_ = unix.SetsockoptInt(s, unix.SOL_SOCKET, unix.SO_SNDBUF, want/2)
+			}
+		})
+		if err == nil {
+			err = cerr
 		}
 	}
-	c.gso.Store(gso && !cfg.DisableGSO)
-	return err
+	if err == nil {
+		err = c.setTTLTOS(pc)
+	}
+	if err != nil {
+		pc.Close()
+		return nil, err
+	}
+	return &srcPort{sock: pc, rc: rc}, nil
 }
 
 // ipv6FlowInfo is IPV6_FLOWINFO (linux/in6.h), which golang.org/x/sys
@@ -336,7 +435,63 @@ func (c *UDPConn) Send(pkts []Packet) error { return c.send(pkts) }
 // verifies every captured ICRC exactly with the captured ID. A NIC with
 // USO is expected to number the segments the same way (as TSO does
 // without SKB_GSO_TCP_FIXEDID); not checked here.
+//
+// Source ports. A socket sends from its own port only, so the packets of
+// each source port go through that port's socket (AcquireSourcePort):
+// a batch from one port, the common case (one QP's requester, or QPs that
+// share a port), goes as it is; a batch from several is split by port,
+// keeping the order of each port's packets (and so of each QP's), and
+// each part is sent, batched and GSO-grouped, through its socket.
 func (c *UDPConn) emitBatch(items []item) error {
+	if len(items) == 0 {
+		return nil // all dropped or held by an impairment
+	}
+	port, mixed := items[0].sport, false
+	for i := 1; i < len(items) && !mixed; i++ {
+		mixed = items[i].sport != port
+	}
+	if !mixed {
+		return c.emitFrom(port, items)
+	}
+	c.sports = c.sports[:0]
+	for i := range items {
+		if !slices.Contains(c.sports, items[i].sport) {
+			c.sports = append(c.sports, items[i].sport)
+		}
+	}
+	var first error
+	for _, p := range c.sports {
+		c.sorted = c.sorted[:0]
+		for i := range items {
+			if items[i].sport == p {
+				c.sorted = append(c.sorted, items[i])
+			}
+		}
+		err := c.emitFrom(p, c.sorted)
+		clear(c.sorted) // do not keep the callers' buffers reachable
+		if errors.Is(err, net.ErrClosed) {
+			return err
+		}
+		if err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// emitFrom sends items, whose source port is port, through the socket of
+// that port (the conn's own for 0, or if the port is no longer held).
+func (c *UDPConn) emitFrom(port uint16, items []item) error {
+	c.sRC = c.rc
+	if port != 0 {
+		if s := c.src[port]; s != nil {
+			c.sRC = s.rc
+		} else {
+			for i := range items {
+				items[i].sport = 0
+			}
+		}
+	}
 	var first error
 	gso := c.gso.Load()
 	for i := 0; i < len(items); {
@@ -443,7 +598,7 @@ func (c *UDPConn) putName(sa *unix.RawSockaddrInet6, a netip.AddrPort) uint32 {
 func (c *UDPConn) sendMessages(nm int) (resume int, err error) {
 	for sent := 0; sent < nm; {
 		c.sOff, c.sCnt = sent, nm-sent
-		if werr := c.rc.Write(c.sendFn); werr != nil {
+		if werr := c.sRC.Write(c.sendFn); werr != nil {
 			return -1, werr
 		}
 		for _, r := range c.sruns[sent : sent+c.sN] {
@@ -654,7 +809,7 @@ func (c *UDPConn) Close() error {
 	c.closeOnce.Do(func() {
 		c.core.closed.Store(true)
 		c.closeErr = c.pc.Close()
-		c.shutdown()
+		c.shutdown() // closes the source ports' sockets too
 	})
 	return c.closeErr
 }

@@ -4,39 +4,28 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/softrdma/softrdma"
+	"github.com/softrdma/softrdma/cmd/softrdma/internal/odpbuf"
 	"github.com/softrdma/softrdma/cmd/softrdma/internal/report"
-	"github.com/softrdma/softrdma/hostmem"
 )
 
 // setupODP allocates the n-byte buffer from the device's host address
-// space and registers it on demand: as an explicit ODP MR over the buffer
-// (--odp) or through an implicit ODP MR over the whole address space
-// (--iodp), whose IOVAs are the buffer's addresses. Nothing is touched:
-// every page is faulted in by the first transfer that reaches it, unless
-// --prefetch makes it present first.
+// space and registers it on demand (odpbuf.New): as an explicit ODP MR
+// over the buffer (--odp) or through an implicit ODP MR over the whole
+// address space (--iodp), whose IOVAs are the buffer's addresses. Nothing
+// is touched: every page is faulted in by the first transfer that reaches
+// it, unless --prefetch makes it present first.
 func (s *session) setupODP(n int) error {
-	as, err := s.dev.AddressSpace()
+	b, err := odpbuf.New(s.dev, s.pd, n, bufAccess, s.o.ODP)
 	if err != nil {
 		return fmt.Errorf("--odp: %w", err)
 	}
-	if s.mem, err = as.Alloc(n); err != nil {
-		return fmt.Errorf("--odp: %w", err)
-	}
-	s.as = as
-	access := bufAccess | softrdma.AccessOnDemand
-	if s.o.ODP.Implicit {
-		s.mr, err = s.dev.RegMRImplicit(s.pd, access)
-	} else {
-		s.mr, err = s.dev.RegMR(s.pd, s.mem, access)
-	}
-	if err != nil {
-		return err
-	}
-	s.base = hostmem.AddrOf(s.mem)
+	s.odp, s.mem, s.mr, s.base = b, b.Mem, b.MR, b.Base
 	s.warnRNRBudget()
 	if s.o.ODP.Prefetch {
-		return s.prefetch()
+		// The whole buffer, before the first round.
+		if err := b.Prefetch(s.dev, s.pd, len(b.Mem)); err != nil {
+			return fmt.Errorf("--prefetch: %w", err)
+		}
 	}
 	return nil
 }
@@ -60,34 +49,13 @@ func (s *session) warnRNRBudget() {
 	}
 }
 
-// maxAdviseSGE is the most bytes one SGE of the prefetch advice names
-// (an SGE's length is 32 bits).
-const maxAdviseSGE = 1 << 30
-
-// prefetch makes the whole buffer present and writable through the MR
-// before the run: ibv_advise_mr(IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE,
-// IBV_ADVISE_MR_FLAG_FLUSH), which returns once the pages are mapped.
-func (s *session) prefetch() error {
-	var sgl []softrdma.SGE
-	for off := 0; off < len(s.mem); off += maxAdviseSGE {
-		n := min(len(s.mem)-off, maxAdviseSGE)
-		sgl = append(sgl, softrdma.SGE{Addr: s.base + uint64(off), Length: uint32(n), LKey: s.mr.LKey()})
-	}
-	if err := s.dev.AdviseMR(s.pd, softrdma.AdvisePrefetchWrite, softrdma.AdviseFlagFlush, sgl); err != nil {
-		return fmt.Errorf("--prefetch: %w", err)
-	}
-	return nil
-}
-
 // freeMem releases the buffer: Free for memory of the address space (its
 // MR must be deregistered first), munmap otherwise.
 func (s *session) freeMem() {
-	if s.as == nil {
+	if s.odp == nil {
 		freeBuffer(s.mem)
-	} else if s.mem != nil {
-		if err := s.as.Free(hostmem.AddrOf(s.mem), len(s.mem)); err != nil {
-			s.logf("softrdma: free the ODP buffer: %v", err)
-		}
+	} else if err := s.odp.Free(); err != nil {
+		s.logf("softrdma: free the ODP buffer: %v", err)
 	}
 	s.mem = nil
 }
@@ -95,28 +63,10 @@ func (s *session) freeMem() {
 // odpReport returns the ODP report of this side's buffer, or nil if it
 // is pinned.
 func (s *session) odpReport() *report.ODPJSON {
-	if s.as == nil || s.mr == nil || !s.mr.ODP() {
+	if s.odp == nil || s.mr == nil {
 		return nil
 	}
-	st := s.mr.ODPStats()
-	r := &report.ODPJSON{
-		Implicit: s.mr.Implicit(), Prefetch: s.o.ODP.Prefetch,
-		FaultPolicy: s.o.ODP.FaultPolicy,
-		Bytes:       int64(len(s.mem)), Pages: int64((len(s.mem) + pageSize - 1) / pageSize),
-
-		PageFaults: st.PageFaults, PageFaultsHandled: st.PageFaultsHandled,
-		PageInvalidations: st.PageInvalidations, PageInvalidationsHandled: st.PageInvalidationsHandled,
-		PagePrefetch: st.PagePrefetch, Evictions: st.Evictions,
-
-		Faults: st.Faults, FaultP50us: st.FaultP50us, FaultP99us: st.FaultP99us, FaultMaxus: st.FaultMaxus,
-	}
-	if r.FaultPolicy == "" {
-		r.FaultPolicy = softrdma.FaultSync.String()
-	}
-	if b := s.dev.ODPBudget(); b != nil {
-		r.BudgetPages, r.PeakPresent = b.Limit(), b.Peak()
-	}
-	return r
+	return s.odp.Report(s.dev)
 }
 
 // printODP prints the ODP reports of both sides' buffers, where they are

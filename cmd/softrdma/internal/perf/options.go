@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/softrdma/softrdma"
+	"github.com/softrdma/softrdma/cmd/softrdma/internal/odpbuf"
 	"github.com/softrdma/softrdma/transport/conn"
 )
 
@@ -212,6 +213,10 @@ type Options struct {
 	Pcap string
 	// Impair injects loss, reordering, ... (conn.ParseImpairment syntax).
 	Impair string
+	// SourcePort is the UDP source port of the device's packets
+	// (softrdma.Config.SourcePort: 0 spreads QPs as rxe does, -1 is the
+	// device's own port, else that port).
+	SourcePort int
 	// Perftest makes this side speak perftest's exchange even to a
 	// softrdma peer (byte for byte: no softrdma mark in its version), as
 	// it does by itself with a stock perftest peer; see perftest.go.
@@ -365,50 +370,9 @@ func mtuCode(bytes int) softrdma.MTU {
 }
 
 // ODPOptions choose how a side registers its buffer: pinned (the zero
-// value) or on demand.
-type ODPOptions struct {
-	// Explicit allocates the buffer from the device's host address space
-	// and registers it with AccessOnDemand (perftest's --odp,
-	// ibv_rc_pingpong -o).
-	Explicit bool
-	// Implicit allocates the buffer from the address space and reaches it
-	// through an implicit ODP MR, the whole address space
-	// (ibv_rc_pingpong -O, which implies -o).
-	Implicit bool
-	// Prefetch makes the buffer present before the first round with
-	// ibv_advise_mr(PREFETCH_WRITE, FLUSH) (ibv_rc_pingpong -P). It needs
-	// Explicit or Implicit.
-	Prefetch bool
-	// Budget bounds the bytes the device's ODP MRs hold present
-	// (softrdma.Config.ODPBudget; 0: unlimited).
-	Budget int64
-	// FaultPolicy is the responder's fault policy, "sync" or "rnr" ("":
-	// sync); see softrdma.ParseFaultPolicy.
-	FaultPolicy string
-}
-
-// Enabled reports whether the buffer is registered on demand.
-func (o *ODPOptions) Enabled() bool { return o.Explicit || o.Implicit }
-
-// Validate checks that the options fit together.
-func (o *ODPOptions) Validate() error {
-	if _, err := softrdma.ParseFaultPolicy(o.FaultPolicy); err != nil {
-		return fmt.Errorf("--fault-policy %q: want sync or rnr", o.FaultPolicy)
-	}
-	switch {
-	case o.Budget < 0:
-		return fmt.Errorf("--odp-budget %d: must be 0 or more bytes", o.Budget)
-	case o.Enabled():
-		return nil
-	case o.Prefetch:
-		return errors.New("--prefetch advises ODP MRs: add --odp or --iodp (ibv_advise_mr(3) fails with EFAULT on a pinned MR)")
-	case o.Budget != 0:
-		return errors.New("--odp-budget bounds ODP MRs: add --odp or --iodp")
-	case o.FaultPolicy != "":
-		return errors.New("--fault-policy applies to faults on ODP MRs: add --odp or --iodp")
-	}
-	return nil
-}
+// value), on demand, or through an implicit ODP MR (odpbuf.Options, shared
+// with rc-pingpong).
+type ODPOptions = odpbuf.Options
 
 // ParseBind parses --bind: "IP" or "IP:port" (IPv6 as "[IP]:port").
 // It reports whether a port was given.

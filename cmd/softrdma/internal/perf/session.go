@@ -10,8 +10,8 @@ import (
 
 	"github.com/softrdma/softrdma"
 	"github.com/softrdma/softrdma/cmd/softrdma/internal/exchange"
+	"github.com/softrdma/softrdma/cmd/softrdma/internal/odpbuf"
 	"github.com/softrdma/softrdma/cmd/softrdma/internal/report"
-	"github.com/softrdma/softrdma/hostmem"
 	"github.com/softrdma/softrdma/transport/pcaptap"
 )
 
@@ -44,9 +44,9 @@ type session struct {
 	region int    // bytes of each region the peer may access
 	mr     *softrdma.MR
 	base   uint64 // the IOVA of mem[0] through mr
-	// as is the address space mem was allocated from (--odp, --iodp);
-	// nil for a pinned buffer.
-	as *hostmem.AddressSpace
+	// odp is the buffer registered on demand (--odp, --iodp): mem, mr
+	// and base are its; nil for a pinned buffer.
+	odp *odpbuf.Buffer
 	// peerODP is the peer's last ODP report (nil: its buffer is pinned).
 	peerODP *report.ODPJSON
 
@@ -135,12 +135,10 @@ func (s *session) openDevice() error {
 	if err != nil {
 		return err
 	}
-	policy, err := softrdma.ParseFaultPolicy(s.o.ODP.FaultPolicy)
-	if err != nil {
+	cfg := softrdma.Config{Addr: netip.AddrPortFrom(ip, port), Impair: imp, Logf: s.o.Logf, SourcePort: s.o.SourcePort}
+	if err := s.o.ODP.Configure(&cfg); err != nil {
 		return err
 	}
-	cfg := softrdma.Config{Addr: netip.AddrPortFrom(ip, port), Impair: imp, Logf: s.o.Logf,
-		ODPBudget: s.o.ODP.Budget, FaultPolicy: policy}
 	if s.o.Pcap != "" {
 		s.tap, err = pcaptap.Create(s.o.Pcap)
 		if err != nil {

@@ -21,6 +21,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/softrdma/softrdma"
+	"github.com/softrdma/softrdma/cmd/softrdma/internal/odpbuf"
+	"github.com/softrdma/softrdma/cmd/softrdma/internal/report"
 	"github.com/softrdma/softrdma/transport/pcaptap"
 	"github.com/softrdma/softrdma/transport/wire"
 )
@@ -92,9 +94,16 @@ type Options struct {
 	// server checks that each message equals the first it received.
 	Verify bool
 	Seed   uint64
+	// ODP registers the buffer on demand, as ibv_rc_pingpong's -o (ODP.Explicit),
+	// -O (ODP.Implicit: an implicit ODP MR over the whole address space) and
+	// -P (ODP.Prefetch: ibv_advise_mr PREFETCH_WRITE of the message, which
+	// needs -o or -O). RC and UC only; Budget and FaultPolicy are not
+	// rc_pingpong's and must be zero.
+	ODP odpbuf.Options
 
 	Bind           string        // the device's IP[:port]; default the TCP connection's local IP, port 4791
 	Pcap           string        // record the device's datagrams
+	SourcePort     int           // UDP source port of the device's packets (softrdma.Config.SourcePort)
 	Stat           bool          // print the device's non-zero counters at the end
 	ConnectTimeout time.Duration // client: retry a refused connection for this long (0: one attempt, as rc_pingpong)
 
@@ -136,11 +145,20 @@ func (o *Options) Validate() error {
 	if o.SL < 0 || o.SL > 15 {
 		return usagef("-l %d: service level is 0-15", o.SL)
 	}
+	if err := o.ODP.Validate(); err != nil {
+		return usagef("%v", err)
+	}
+	if o.ODP.Budget != 0 || o.ODP.FaultPolicy != "" {
+		return usagef("the ODP budget and fault policy are not options of ibv_rc_pingpong")
+	}
 	switch o.Type {
 	case 0:
 		o.Type = softrdma.QPTypeRC
 	case softrdma.QPTypeRC, softrdma.QPTypeUC:
 	case softrdma.QPTypeUD:
+		if o.ODP.Enabled() {
+			return usagef("-o, -O: ud-pingpong has no on-demand paging")
+		}
 		if o.Size > o.MTU {
 			// ud_pingpong: "Requested size larger than port MTU".
 			return usagef("-s %d: requested size larger than the MTU (%d)", o.Size, o.MTU)
@@ -196,6 +214,8 @@ type run struct {
 	pd     *softrdma.PD
 	buf    []byte // the registered buffer (page aligned); messages use buf[:o.Size]
 	mr     *softrdma.MR
+	base   uint64         // the IOVA of buf[0] through mr
+	odp    *odpbuf.Buffer // -o, -O: buf registered on demand (nil: pinned)
 	cq     *softrdma.CQ
 	qp     *softrdma.QP
 	my     Dest
@@ -277,7 +297,7 @@ func (r *run) setup(bind netip.AddrPort) error {
 		r.logf("%s: the device binds UDP port %d; a stock peer sends to %d (the exchange has no port)",
 			o.name(), bind.Port(), wire.RoCEv2Port)
 	}
-	cfg := softrdma.Config{Addr: bind, Logf: o.Logf}
+	cfg := softrdma.Config{Addr: bind, Logf: o.Logf, SourcePort: o.SourcePort}
 	if o.Pcap != "" {
 		var err error
 		if r.tap, err = pcaptap.Create(o.Pcap); err != nil {
@@ -294,16 +314,37 @@ func (r *run) setup(bind netip.AddrPort) error {
 	}
 	page := os.Getpagesize()
 	n := (max(o.Size+o.grh(), 1) + page - 1) / page * page
-	// memalign(page_size, size) and memset 0x7b, as pp_init_ctx; outside
-	// the Go heap, like memory a NIC writes by DMA.
-	if r.buf, err = unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE); err != nil {
-		return fmt.Errorf("couldn't allocate work buf: %w", err)
+	if o.ODP.Enabled() {
+		// -o: ibv_reg_mr(buf, size) with IBV_ACCESS_ON_DEMAND; -O:
+		// ibv_reg_mr(NULL, SIZE_MAX), the buffer reached at its own
+		// address. The buffer is memory of the device's address space,
+		// which the NIC faults in page by page.
+		if r.odp, err = odpbuf.New(r.dev, r.pd, n, softrdma.AccessLocalWrite, o.ODP); err != nil {
+			return fmt.Errorf("couldn't register MR: %w", err)
+		}
+		r.buf, r.mr, r.base = r.odp.Mem, r.odp.MR, r.odp.Base
+	} else {
+		// memalign(page_size, size), as pp_init_ctx; outside the Go heap,
+		// like memory a NIC writes by DMA.
+		if r.buf, err = unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE); err != nil {
+			return fmt.Errorf("couldn't allocate work buf: %w", err)
+		}
+		if r.mr, err = r.dev.RegMR(r.pd, r.buf, softrdma.AccessLocalWrite); err != nil {
+			return fmt.Errorf("couldn't register MR: %w", err)
+		}
+		r.base = r.mr.Addr()
 	}
+	// memset 0x7b, as pp_init_ctx. On an ODP buffer this is the
+	// application's write: the NIC still faults the pages in.
 	for i := range r.buf[:o.Size+o.grh()] {
 		r.buf[i] = 0x7b
 	}
-	if r.mr, err = r.dev.RegMR(r.pd, r.buf, softrdma.AccessLocalWrite); err != nil {
-		return fmt.Errorf("couldn't register MR: %w", err)
+	if o.ODP.Prefetch {
+		// ibv_advise_mr(PREFETCH_WRITE, FLUSH) of the message through the
+		// MR, as pp_init_ctx does with -P; a failure is not fatal there.
+		if err := r.odp.Prefetch(r.dev, r.pd, o.Size+o.grh()); err != nil {
+			r.logf("%s: couldn't prefetch MR (%v); continuing anyway", o.name(), err)
+		}
 	}
 	if r.cq, err = r.dev.CreateCQ(o.RxDepth + 1); err != nil {
 		return fmt.Errorf("couldn't create CQ: %w", err)
@@ -415,7 +456,7 @@ func (r *run) connectUD(rem Dest) error {
 
 // sge is the message: the buffer, after the GRH on UD.
 func (r *run) sge() softrdma.SGE {
-	return softrdma.SGE{Addr: r.mr.Addr() + uint64(r.o.grh()), Length: uint32(r.o.Size), LKey: r.mr.LKey()}
+	return softrdma.SGE{Addr: r.base + uint64(r.o.grh()), Length: uint32(r.o.Size), LKey: r.mr.LKey()}
 }
 
 // postRecv posts up to n receives of the whole message into the buffer
@@ -423,7 +464,7 @@ func (r *run) sge() softrdma.SGE {
 // message).
 func (r *run) postRecv(n int) int {
 	sge := r.sge()
-	sge.Addr, sge.Length = r.mr.Addr(), sge.Length+uint32(r.o.grh())
+	sge.Addr, sge.Length = r.base, sge.Length+uint32(r.o.grh())
 	wr := softrdma.RecvWR{WRID: recvWRID, SGL: []softrdma.SGE{sge}}
 	for i := range n {
 		if _, err := r.qp.PostRecv(wr); err != nil {
@@ -527,6 +568,11 @@ func (r *run) pingpong(ctx context.Context) error {
 	if o.Verify {
 		fmt.Fprintf(o.Stdout, "verified %d messages of %d bytes\n", r.checks, o.Size)
 	}
+	if r.odp != nil {
+		// The buffer's ODP counters and fault latency, as the perftest-
+		// style tools print them (docs/cli.md).
+		report.PrintODP(o.Stdout, "local", r.odp.Report(r.dev))
+	}
 	time.Sleep(linger)
 	return bad
 }
@@ -605,11 +651,17 @@ func (r *run) close() {
 	if r.mr != nil {
 		r.dev.DeregMR(r.mr)
 	}
+	// An ODP buffer goes back to the address space before the device
+	// closes it.
+	if r.odp != nil {
+		if err := r.odp.Free(); err != nil {
+			r.logf("%s: free the ODP buffer: %v", r.o.name(), err)
+		}
+	} else if r.buf != nil {
+		unix.Munmap(r.buf)
+	}
 	if r.dev != nil {
 		r.dev.Close()
-	}
-	if r.buf != nil {
-		unix.Munmap(r.buf)
 	}
 	if r.tap != nil {
 		if err := r.tap.Close(); err != nil {
