@@ -9,6 +9,7 @@ import (
 
 	"github.com/softrdma/softrdma"
 	"github.com/softrdma/softrdma/softrdmatest"
+	"github.com/softrdma/softrdma/transport"
 	"github.com/softrdma/softrdma/transport/conn"
 	"github.com/softrdma/softrdma/transport/wire"
 )
@@ -122,4 +123,35 @@ func keysOf[K comparable, V any](m map[K]V) []K {
 		out = append(out, k)
 	}
 	return out
+}
+
+// TestGSISourcePort: QP1 sends from rxe's port for QP1, 0xC000 +
+// hash_32(1, 14) = 55410 (every CM MAD in the golden captures), on a
+// device on 4791; on a lab device (another port) from the device's own
+// port, where a peer's CM answers it.
+func TestGSISourcePort(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		o    softrdmatest.Options
+		want func(d *softrdma.Device) uint16
+	}{
+		{"4791", softrdmatest.Options{Pipe: true, NoPcap: true, NoConnect: true}, func(*softrdma.Device) uint16 { return 55410 }},
+		{"lab", softrdmatest.Options{NoPcap: true, NoConnect: true}, func(d *softrdma.Device) uint16 { return d.LocalAddr().Port() }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			p := softrdmatest.NewPair(t, c.o)
+			qp, err := p.A.Dev.CreateGSIQP(p.A.PD, softrdma.QPInitAttr{SendCQ: p.A.CQ, RecvCQ: p.A.CQ,
+				Cap: softrdma.Cap{MaxSendWR: 1, MaxRecvWR: 1}})
+			require.NoError(t, err)
+			require.NoError(t, softrdma.InitUD(qp, softrdma.GSIQKey, 0))
+			got := qp.SourcePort()
+			if got == 0 {
+				got = p.A.Dev.LocalAddr().Port()
+			}
+			require.Equal(t, c.want(p.A.Dev), got)
+			_, err = p.A.Dev.CreateGSIQP(p.A.PD, softrdma.QPInitAttr{SendCQ: p.A.CQ, RecvCQ: p.A.CQ,
+				Cap: softrdma.Cap{MaxSendWR: 1, MaxRecvWR: 1}})
+			require.ErrorIs(t, err, transport.ErrBusy, "one QP1 per device")
+		})
+	}
 }

@@ -332,7 +332,7 @@ func TestUDBetweenDevices(t *testing.T) {
 			wc := waitWC(t, b.CQ, 1)[0]
 			require.Equal(t, softrdma.WC{WRID: 1, Status: softrdma.WCSuccess, Opcode: softrdma.WCRecv, ByteLen: 40 + 512,
 				QPN: uint32(b.QP.QPN()), SrcQP: uint32(a.QP.QPN()), Flags: softrdma.WCWithGRH,
-				SrcPort: a.Dev.LocalAddr().Port()}, wc, "SrcPort: the UDP port A sends from")
+				SrcPort: sendPort(a)}, wc, "SrcPort: the UDP port A's QP sends from")
 			checkGRH(dst[:40], 12+8+512+4)
 			require.True(t, bytes.Equal(src[:512], dst[40:40+512]))
 
@@ -341,7 +341,7 @@ func TestUDBetweenDevices(t *testing.T) {
 			wc = waitWC(t, b.CQ, 1)[0]
 			require.Equal(t, softrdma.WC{WRID: 2, Status: softrdma.WCSuccess, Opcode: softrdma.WCRecv, ByteLen: 40 + 983,
 				ImmData: 0x1234abcd, QPN: uint32(b.QP.QPN()), SrcQP: uint32(a.QP.QPN()), Flags: softrdma.WCWithGRH | softrdma.WCWithImm,
-				SrcPort: a.Dev.LocalAddr().Port()}, wc)
+				SrcPort: sendPort(a)}, wc)
 			checkGRH(dst[1024:1064], 12+8+4+983+1+4)
 			require.True(t, bytes.Equal(src[:983], dst[1064:1064+983]))
 
@@ -383,4 +383,13 @@ func TestUDPostAboveMTURefused(t *testing.T) {
 	attr = softrdma.AHAttrFor(netip.MustParseAddrPort("[fd00::1]:4791"))
 	_, err = a.Dev.CreateAH(a.PD, attr)
 	require.ErrorIs(t, err, softrdma.ErrBadAHAttr, "IPv6 GID from an IPv4 device")
+}
+
+// sendPort is the UDP source port of s's QP: rxe's port for it when the
+// device spreads (QP.SourcePort), else the device's own.
+func sendPort(s *softrdmatest.Side) uint16 {
+	if p := s.QP.SourcePort(); p != 0 {
+		return p
+	}
+	return s.Dev.LocalAddr().Port()
 }

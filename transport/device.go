@@ -310,6 +310,16 @@ func (d *Device) createQP(pd uint32, init *QPInitAttr, qpn uint32) (*QP, error) 
 		}
 		qp.qpn = wire.QPN(qpn)
 		qp.bindCursors()
+		// The GSI QP sends from rxe's port for QP1 (55410) on a RoCEv2
+		// device (port 4791), and from the device's own port on a lab
+		// device (any other port): a peer's CM answers a MAD at the port
+		// it came from when the device is not on 4791 (package rdmacm),
+		// and only the device's own socket receives.
+		if d.conn.LocalAddr().Port() == wire.RoCEv2Port {
+			qp.src.rxe = wire.QPSourcePort(qp.qpn)
+		} else {
+			qp.src.own = true
+		}
 		d.qpTable[qpn].Store(qp)
 		return qp, nil
 	}

@@ -51,6 +51,8 @@ type qpSource struct {
 	// one.
 	chosen uint16
 	on     bool
+	// own: always the device's own port (the GSI QP of a lab device).
+	own bool
 }
 
 // initSourcePort validates cfg.SourcePort and, for a fixed port, takes
@@ -78,6 +80,9 @@ func (d *Device) initSourcePort(sport int) error {
 // sourcePortFor returns the UDP source port the QP's packets carry when a
 // port is chosen; 0 stands for the device's own port.
 func (qp *QP) sourcePortFor() uint16 {
+	if qp.src.own {
+		return 0
+	}
 	if !qp.dev.spread {
 		return qp.dev.fixedPort
 	}
