@@ -192,3 +192,39 @@ func TestUnsupportedMADs(t *testing.T) {
 		}
 	})
 }
+
+// TestAcceptFlowLabel: the passive side's QP takes the REQ's flow label,
+// as rxe's does, and with it rxe's UDP source port: rping's REQ in
+// rping.pcap carries 0x48e0f, and rxe's RC packets of that connection
+// leave from port 52765 on both sides.
+func TestAcceptFlowLabel(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := softrdmatest.NewPair(t, softrdmatest.Options{Pipe: true, NoPcap: true, NoConnect: true})
+		cmA, err := rdmacm.Open(p.A.Dev, rdmacm.Options{Logf: t.Logf})
+		require.NoError(t, err)
+		defer cmA.Close()
+		l, err := cmA.Listen(port, 1)
+		require.NoError(t, err)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		go func() {
+			if r, err := l.GetRequest(ctx); err == nil {
+				_, _ = r.Accept(ctx, p.A.QP, rdmacm.ConnParam{})
+			}
+		}()
+		raw := newRawPeer(t, p)
+		d := raw.send(func(b []byte) {
+			req(p, mad.TransportRC, mad.IPServiceID(mad.PortSpaceTCP, port), true)(b)
+			var f mad.REQFields
+			mad.REQ(b[mad.HeaderSize:]).Decode(&f)
+			f.Primary.FlowLabel = 0x48e0f
+			f.PrivateData = append([]byte(nil), f.PrivateData...)
+			mad.REQ(b[mad.HeaderSize:]).Encode(&f)
+		}, true)
+		attr, _, err := d.CM()
+		require.NoError(t, err)
+		require.Equal(t, mad.AttrREP, attr)
+		require.Equal(t, softrdma.QPStateRTS, p.A.QP.State())
+		require.Equal(t, uint16(52765), p.A.QP.SourcePort())
+	})
+}

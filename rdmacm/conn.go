@@ -541,8 +541,12 @@ func (c *Conn) connectQP(mtu softrdma.MTU, maxDest, maxRd, retry, rnr uint8) err
 		softrdma.QPAttrState|softrdma.QPAttrPKeyIndex|softrdma.QPAttrPort|softrdma.QPAttrAccessFlags); err != nil {
 		return fmt.Errorf("rdmacm: QP to INIT: %w", err)
 	}
+	// The flow label is the REQ's primary path's, on both sides (ib_cm's
+	// address vector): rxe derives the UDP source port from it, so both
+	// sides of a connection send from the same port.
 	if err := qp.Modify(&softrdma.QPAttr{State: softrdma.QPStateRTR, Dest: c.peer, PathMTU: mtu, DestQPN: c.remoteQPN,
-		RQPSN: c.rqPSN, MaxDestRdAtomic: max(maxDest, 1), MinRNRTimer: 12},
+		FlowLabel: c.req.Primary.FlowLabel & 0xfffff,
+		RQPSN:     c.rqPSN, MaxDestRdAtomic: max(maxDest, 1), MinRNRTimer: 12},
 		softrdma.QPAttrState|softrdma.QPAttrAV|softrdma.QPAttrPathMTU|softrdma.QPAttrDestQPN|softrdma.QPAttrRQPSN|
 			softrdma.QPAttrMaxDestRdAtomic|softrdma.QPAttrMinRNRTimer); err != nil {
 		return fmt.Errorf("rdmacm: QP to RTR: %w", err)
