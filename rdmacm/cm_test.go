@@ -260,3 +260,44 @@ func TestListenErrors(t *testing.T) {
 		require.Error(t, err, "one CM per device: QP1 exists")
 	})
 }
+
+// TestPathMTUCap: ConnParam.PathMTU caps what each side offers and uses:
+// the REQ offers the smaller of the port's MTU and the active side's cap,
+// the passive side takes the smallest of that, its port's and its own cap.
+func TestPathMTUCap(t *testing.T) {
+	for _, tc := range []struct {
+		active, passive, want softrdma.MTU
+	}{
+		{0, 0, 0}, // no cap: the port's (both the same here)
+		{softrdma.MTU1024, 0, softrdma.MTU1024},
+		{0, softrdma.MTU512, softrdma.MTU512},
+		{softrdma.MTU2048, softrdma.MTU1024, softrdma.MTU1024},
+	} {
+		synctest.Test(t, func(t *testing.T) {
+			p, cmA, cmB := pair(t)
+			l, err := cmA.Listen(port, 1)
+			require.NoError(t, err)
+			want := tc.want
+			if want == 0 {
+				want = p.A.QP.ActiveMTU()
+			}
+			accepted := make(chan error, 1)
+			go func() {
+				r, err := l.GetRequest(context.Background())
+				if err == nil {
+					_, err = r.Accept(context.Background(), p.A.QP, rdmacm.ConnParam{PathMTU: tc.passive})
+				}
+				accepted <- err
+			}()
+			_, err = cmB.Connect(context.Background(), p.B.QP, netipAddrPort(p.A.Dev, port), rdmacm.ConnParam{PathMTU: tc.active})
+			require.NoError(t, err)
+			require.NoError(t, <-accepted)
+			require.Equal(t, want, p.A.QP.Attr().PathMTU, "passive side, caps %v %v", tc.active, tc.passive)
+			if tc.passive == 0 || tc.active != 0 && tc.active <= tc.passive {
+				// The active side uses what its REQ offered (ib_cm: the
+				// REP carries no MTU).
+				require.Equal(t, want, p.B.QP.Attr().PathMTU, "active side")
+			}
+		})
+	}
+}
