@@ -166,6 +166,15 @@ func TestRDMACMLoopback(t *testing.T) {
 			} {
 				assert.Equal(t, c.want, statOf(t, c.out, c.name), c.name)
 			}
+			if tc.name == "send-bw-perftest" {
+				// ib_send_bw -R's 11 steps each way (send_bw_rdmacm.pcap):
+				// version, cycle buffer, cache line, MTU, 2 hand shakes
+				// of zeros, 4 hand shakes, the closing one.
+				for _, out := range []string{r.srvOut, r.cliOut} {
+					assert.Equal(t, uint64(11), statOf(t, out, "cm_channel_sent"))
+					assert.Equal(t, uint64(11), statOf(t, out, "cm_channel_rcvd"))
+				}
+			}
 			assert.NotContains(t, r.srvErr+r.cliErr, "softrdma: ", "warnings and errors")
 		})
 	}

@@ -27,6 +27,7 @@ import (
 	"net/netip"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/softrdma/softrdma"
@@ -67,6 +68,8 @@ type Conn struct {
 	wDeadline time.Time
 
 	closeOnce sync.Once
+
+	sent, rcvd atomic.Uint64 // messages (SENDs) sent and received
 }
 
 // newConn creates the QP (in INIT, its receives posted) and its buffers.
@@ -133,6 +136,10 @@ func Accept(ctx context.Context, req *rdmacm.ConnRequest, dev *softrdma.Device, 
 	}
 	return c, nil
 }
+
+// Messages returns the number of messages (SENDs) sent and received so
+// far.
+func (c *Conn) Messages() (sent, rcvd uint64) { return c.sent.Load(), c.rcvd.Load() }
 
 // CM returns the connection the CM made (for Disconnect and Done).
 func (c *Conn) CM() *rdmacm.Conn { return c.conn }
@@ -213,6 +220,7 @@ func (c *Conn) receive() error {
 		return nil
 	}
 	i := int(wc[0].WRID)
+	c.rcvd.Add(1)
 	c.pending = append(c.pending[:0], c.slot(i)[:wc[0].ByteLen]...)
 	if err := c.postRecv(i); err != nil {
 		c.eof = fmt.Errorf("cmchan: repost receive: %w", err)
@@ -256,6 +264,7 @@ func (c *Conn) Write(b []byte) (int, error) {
 			return sent, fmt.Errorf("cmchan: send completed with %v", wc[0].Status)
 		}
 		sent += n
+		c.sent.Add(1)
 	}
 	return sent, nil
 }

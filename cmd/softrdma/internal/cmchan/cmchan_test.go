@@ -103,6 +103,8 @@ func TestMessagesAndStream(t *testing.T) {
 		require.NoError(t, <-errc)
 		require.NoError(t, <-errc)
 		require.True(t, bytes.Equal(big, back))
+		sent, rcvd := cli.Messages()
+		assert.Equal(t, [2]uint64{3 + 4, 4}, [2]uint64{sent, rcvd}, "3 small messages and 4 for the big one each way")
 		assert.Zero(t, p.A.Dev.Counters().SendRNRErr.Load()+p.B.Dev.Counters().SendRNRErr.Load(),
 			"the posted receives took every message")
 	})

@@ -386,7 +386,8 @@ func (s *session) cmClose() {
 }
 
 // cmCounters returns the CM's non-zero counters: MADs sent and received
-// by message, retransmissions, duplicates, rejects.
+// by message, retransmissions, duplicates, rejects; and the messages of
+// the exchange the channel carried.
 func (s *session) cmCounters() []namedCount {
 	if s.cm == nil {
 		return nil
@@ -409,6 +410,11 @@ func (s *session) cmCounters() []namedCount {
 	add("cm_malformed", ctr.Malformed.Load())
 	add("cm_send_no_buffer", ctr.SendNoBuffer.Load())
 	add("cm_backlog_overflow", ctr.BacklogOverflow.Load())
+	if s.ch != nil { // the exchange's SENDs over the channel
+		sent, rcvd := s.ch.Messages()
+		add("cm_channel_sent", sent)
+		add("cm_channel_rcvd", rcvd)
+	}
 	return out
 }
 
