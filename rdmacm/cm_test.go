@@ -301,3 +301,34 @@ func TestPathMTUCap(t *testing.T) {
 		})
 	}
 }
+
+// TestCloseKeepsCleanDisconnect: a connection that ended with a
+// disconnect reports no error, also after its CM closed during the
+// timewait that follows.
+func TestCloseKeepsCleanDisconnect(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p, cmA, cmB := pair(t)
+		l, err := cmA.Listen(port, 1)
+		require.NoError(t, err)
+		accepted := make(chan *rdmacm.Conn, 1)
+		go func() {
+			r, err := l.GetRequest(context.Background())
+			if err == nil {
+				c, _ := r.Accept(context.Background(), p.A.QP, rdmacm.ConnParam{})
+				accepted <- c
+			}
+		}()
+		cb, err := cmB.Connect(context.Background(), p.B.QP, netipAddrPort(p.A.Dev, port), rdmacm.ConnParam{})
+		require.NoError(t, err)
+		ca := <-accepted
+		require.NotNil(t, ca)
+		require.NoError(t, ca.Disconnect())
+		<-ca.Done()
+		<-cb.Done()
+		require.Equal(t, "TIMEWAIT", ca.State())
+		require.NoError(t, cmA.Close())
+		require.NoError(t, cmB.Close())
+		require.NoError(t, ca.Err(), "disconnected cleanly before the CM closed")
+		require.NoError(t, cb.Err())
+	})
+}

@@ -655,6 +655,13 @@ func (c *Conn) failLocked(err error) {
 	if c.state == stClosed {
 		return
 	}
+	if c.finished {
+		// Ended already (TIMEWAIT after a disconnect; CM.Close fails
+		// every connection it has): the end stands, with its error.
+		c.state = stClosed
+		c.forget()
+		return
+	}
 	c.settleLocked(err)
 	if c.err == nil {
 		c.err = err
