@@ -85,7 +85,7 @@ func req(p *softrdmatest.Pair, transport mad.TransportType, sid mad.ServiceID, i
 		header(mad.ClassCM, mad.CMClassVersion, mad.MethodSend, mad.AttrREQ, 77)(d)
 		f := mad.REQFields{LocalCommID: 0xabcd0001, ServiceID: sid, LocalQPN: 0x33, TransportServiceType: transport,
 			ExtendedTransportType: map[bool]uint8{true: 1}[transport == mad.TransportExtended], // XRC (Annex A14)
-			StartingPSN: 5, PKey: 0xffff, PathMTU: 3, RetryCount: 7, RNRRetryCount: 7, MaxCMRetries: 15,
+			StartingPSN:           5, PKey: 0xffff, PathMTU: 3, RetryCount: 7, RNRRetryCount: 7, MaxCMRetries: 15,
 			RemoteCMResponseTimeout: 20, LocalCMResponseTimeout: 20,
 			Primary: mad.PathFields{LocalLID: 0xffff, RemoteLID: 0xffff, LocalGID: p.B.Dev.LocalAddr().Addr(),
 				RemoteGID: p.A.Dev.LocalAddr().Addr(), HopLimit: 64}}
