@@ -30,6 +30,10 @@ type perftestCase struct {
 	// retransmitted.
 	lossy                           bool
 	rxeRetransmits, hostRetransmits bool
+	// rdmacm runs connect with the RDMA CM (-R on both sides): the
+	// exchange crosses as SENDs on a CM connection, which rxe counts
+	// in rdma_sends and rdma_recvs with the data and QP1's MADs.
+	rdmacm bool
 }
 
 // softrdma returns the softrdma subcommand for the perftest tool.
@@ -76,6 +80,12 @@ var perftestCases = []perftestCase{
 	{name: "ib_read_bw_loss-vm_server", tool: "ib_read_bw", vmServer: true, args: "-s 8192 -n 100", size: 8192, iters: 100,
 		host: "--impair loss=0.02,seed=7", lossy: true, hostRetransmits: true,
 		verified: "100 READs of 8192 bytes equal the first READ"},
+	// -R: rdma_cm on both sides (send_bw_rdmacm.pcap is the same between
+	// two VMs). softrdma's server device takes the netns's only address.
+	{name: "ib_send_bw_rdmacm-vm_server", tool: "ib_send_bw", vmServer: true, args: "-R -s 4096 -n 50", size: 4096, iters: 50,
+		rdmacm: true},
+	{name: "ib_send_bw_rdmacm-vm_client", tool: "ib_send_bw", args: "-R -s 5000 -n 50", size: 5000, iters: 50,
+		rdmacm: true, verified: "50 messages of 5000 bytes received"},
 }
 
 func (c perftestCase) step() step {
@@ -86,10 +96,19 @@ func (c perftestCase) step() step {
 	// -x 1: GID index 1, ::ffff:192.168.77.10; -F: no CPU frequency
 	// check (the VM has no cpufreq).
 	vm := fmt.Sprintf("%s -d rxe0 -x 1 -F %s", c.tool, c.args)
-	if c.vmServer {
+	switch {
+	case c.vmServer:
 		s.vm = vm
 		s.host = append(host, "--connect-timeout", stepTimeout.String(), vmIP)
-	} else {
+	case c.rdmacm:
+		// The VM starts its step as soon as the previous one ended, maybe
+		// before softrdma's device is up; a TCP connection would be
+		// refused and retried, but a REQ would be lost (counted by rxe,
+		// never seen by softrdma) and sent again only 4.3 s later. The
+		// VM's client waits 2 s.
+		s.vm = `sh -c "sleep 2; exec rxetb-retry ` + vm + " " + hostIP + `"`
+		s.host = host
+	default:
 		s.vm = "rxetb-retry " + vm + " " + hostIP
 		s.host = host
 	}
@@ -119,6 +138,8 @@ func (c perftestCase) check(t *testing.T, r *stepResult) {
 	assert.NotContains(t, r.hostOut, "softrdma: ", "softrdma's warnings and errors")
 	checkCounters(t, r, c.lossy)
 	switch {
+	case c.rdmacm:
+		checkRDMACM(t, r, c.vmServer, uint64(c.iters))
 	case c.tool == "ib_send_bw" && c.vmServer:
 		assert.Equal(t, uint64(c.iters), r.hwc["rdma_recvs"], "rxe rdma_recvs (receives consumed)")
 	case c.tool == "ib_send_bw":
@@ -142,4 +163,54 @@ func (c perftestCase) check(t *testing.T, r *stepResult) {
 		assert.NotZero(t, r.hostStat["retransmits"], "softrdma did not retransmit")
 		assert.NotZero(t, r.hwc["duplicate_request"]+r.hwc["out_of_seq_request"], "rxe saw no retransmitted request")
 	}
+}
+
+// checkRDMACM checks an ib_send_bw -R run's connections and rxe's SEND
+// counters: two connections (the exchange's channel, then the data QP's)
+// set up by REQ, REP and RTU and ended by the server's DREQs, which the
+// client answers; 11 exchange messages each way (send_bw_rdmacm.pcap:
+// version, cycle buffer, cache line, MTU, two hand shakes of zeros around
+// the data connection, four hand shakes before the run, one after it);
+// and rxe's rdma_sends and rdma_recvs, which count every SEND and receive
+// on all its QPs, equal to what softrdma's side accounts for: the -n data
+// SENDs, the exchange's messages and the MADs of QP1.
+func checkRDMACM(t *testing.T, r *stepResult, vmServer bool, iters uint64) {
+	t.Helper()
+	hs := r.hostStat
+	var madSent, madRcvd uint64
+	for name, v := range hs {
+		switch {
+		case strings.HasPrefix(name, "cm_channel_"):
+		case strings.HasPrefix(name, "cm_") && strings.HasSuffix(name, "_sent"):
+			madSent += v
+		case strings.HasPrefix(name, "cm_") && strings.HasSuffix(name, "_rcvd"):
+			madRcvd += v
+		}
+	}
+	assert.Equal(t, uint64(11), hs["cm_channel_sent"], "exchange messages softrdma sent")
+	assert.Equal(t, uint64(11), hs["cm_channel_rcvd"], "exchange messages softrdma received")
+	assert.Zero(t, hs["cm_retransmits"], "MADs softrdma sent again")
+	if vmServer {
+		// softrdma is the active side, twice; rxe's server disconnects.
+		// A data REQ that arrives before rxe listens again is rejected
+		// and sent again 100 ms later, as perftest's client does.
+		assert.Equal(t, 2+hs["cm_rej_rcvd"], hs["cm_req_sent"], "REQs: one per connection, plus one per REJ")
+		assert.Equal(t, uint64(2), hs["cm_rep_rcvd"])
+		assert.Equal(t, uint64(2), hs["cm_rtu_sent"])
+		assert.Equal(t, uint64(2), hs["cm_dreq_rcvd"], "rxe's server disconnected both")
+		assert.Equal(t, uint64(2), hs["cm_drep_sent"])
+		assert.Zero(t, hs["cm_dreq_sent"], "softrdma's client waits for the server's DREQs")
+		assert.Equal(t, iters+hs["cm_channel_sent"]+madSent, r.hwc["rdma_recvs"],
+			"rxe rdma_recvs: the data SENDs, the exchange's, softrdma's MADs")
+		assert.Equal(t, hs["cm_channel_rcvd"]+madRcvd, r.hwc["rdma_sends"], "rxe rdma_sends: the exchange's, its MADs")
+		return
+	}
+	assert.Equal(t, uint64(2), hs["cm_req_rcvd"])
+	assert.Equal(t, uint64(2), hs["cm_rep_sent"])
+	assert.Equal(t, uint64(2), hs["cm_rtu_rcvd"])
+	assert.Equal(t, uint64(2), hs["cm_dreq_sent"], "softrdma's server disconnects both")
+	assert.Equal(t, uint64(2), hs["cm_drep_rcvd"]+hs["cm_dreq_rcvd"], "rxe answered (or disconnected the channel itself)")
+	assert.Equal(t, iters+hs["cm_channel_rcvd"]+madRcvd, r.hwc["rdma_sends"],
+		"rxe rdma_sends: the data SENDs, the exchange's, its MADs")
+	assert.Equal(t, hs["cm_channel_sent"]+madSent, r.hwc["rdma_recvs"], "rxe rdma_recvs: the exchange's, softrdma's MADs")
 }

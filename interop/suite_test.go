@@ -39,7 +39,8 @@ func cases() []interopCase {
 // and runs every case in it in turn, each a stock tool against softrdma on
 // the host: ibv_rc_pingpong, then ib_write_bw, ib_read_bw, ib_send_bw and
 // ib_atomic_bw (both atomics), each side as the server, the two runs
-// with packet loss on softrdma's side, and ibv_uc_pingpong and
+// with packet loss on softrdma's side, ib_send_bw -R (the RDMA CM) each
+// side as the server, and ibv_uc_pingpong and
 // ibv_ud_pingpong each side as the server. After each run the VM prints rxe's
 // hw_counters and softrdma its own (--stat); each case is a subtest that
 // checks its run, and a last one recomputes the ICRC of every packet

@@ -454,18 +454,19 @@ func (cm *CM) sendRaw(to dest, fill func(b []byte)) {
 // sendCM sends a CM message (attr, the class data written by fill) with
 // transaction ID tid. Caller holds mu.
 func (cm *CM) sendCM(to dest, attr mad.AttributeID, tid uint64, fill func(data []byte)) {
-	cm.sendRaw(to, func(b []byte) {
-		d := mad.Datagram(b)
-		d.Encode(&mad.HeaderFields{Class: mad.ClassCM, ClassVersion: mad.CMClassVersion, Method: mad.MethodSend,
-			TransactionID: tid, AttributeID: attr})
-		fill(b[mad.HeaderSize:])
-	})
+	// Counted first: the peer may answer before PostSend returns.
 	if i := int(attr - mad.AttrREQ); i >= 0 && i < len(cm.ctr.Sent) {
 		cm.ctr.Sent[i].Add(1)
 	}
 	if attr == mad.AttrREJ {
 		cm.ctr.RejectsSent.Add(1)
 	}
+	cm.sendRaw(to, func(b []byte) {
+		d := mad.Datagram(b)
+		d.Encode(&mad.HeaderFields{Class: mad.ClassCM, ClassVersion: mad.CMClassVersion, Method: mad.MethodSend,
+			TransactionID: tid, AttributeID: attr})
+		fill(b[mad.HeaderSize:])
+	})
 }
 
 func (cm *CM) ahFor(peer netip.AddrPort) (*softrdma.AH, error) {

@@ -206,7 +206,10 @@ func TestConnectTimeout(t *testing.T) {
 		require.Equal(t, 16*step, time.Since(start))
 		require.Equal(t, uint64(16), sent(cmB, mad.AttrREQ))
 		require.Equal(t, uint64(15), cmB.Counters().Retransmits.Load())
-		require.Equal(t, uint64(16), p.A.Dev.Counters().Drops[transport.DropUnknownQPN].Load(), "no QP1 on A: dropped and counted")
+		require.Equal(t, uint64(1), sent(cmB, mad.AttrREJ), "then a REJ \"timeout\", as ib_cm sends")
+		synctest.Wait() // the REJ reaches A
+		require.Equal(t, uint64(16+1), p.A.Dev.Counters().Drops[transport.DropUnknownQPN].Load(),
+			"no QP1 on A: the REQs and the REJ dropped and counted")
 	})
 }
 
@@ -403,4 +406,76 @@ func TestLossyConnect(t *testing.T) {
 	}
 	require.NotZero(t, retransmits)
 	require.NotZero(t, duplicates)
+}
+
+// TestPathMTUCap: ConnParam.PathMTU caps what each side offers and uses:
+// the REQ offers the smaller of the port's MTU and the active side's cap,
+// the passive side takes the smallest of that, its port's and its own cap.
+func TestPathMTUCap(t *testing.T) {
+	for _, tc := range []struct {
+		active, passive, want softrdma.MTU
+	}{
+		{0, 0, 0}, // no cap: the port's (both the same here)
+		{softrdma.MTU1024, 0, softrdma.MTU1024},
+		{0, softrdma.MTU512, softrdma.MTU512},
+		{softrdma.MTU2048, softrdma.MTU1024, softrdma.MTU1024},
+	} {
+		synctest.Test(t, func(t *testing.T) {
+			p, cmA, cmB := pair(t)
+			l, err := cmA.Listen(port, 1)
+			require.NoError(t, err)
+			want := tc.want
+			if want == 0 {
+				want = p.A.QP.ActiveMTU()
+			}
+			accepted := make(chan error, 1)
+			go func() {
+				r, err := l.GetRequest(context.Background())
+				if err == nil {
+					_, err = r.Accept(context.Background(), p.A.QP, rdmacm.ConnParam{PathMTU: tc.passive})
+				}
+				accepted <- err
+			}()
+			_, err = cmB.Connect(context.Background(), p.B.QP, netipAddrPort(p.A.Dev, port), rdmacm.ConnParam{PathMTU: tc.active})
+			require.NoError(t, err)
+			require.NoError(t, <-accepted)
+			require.Equal(t, want, p.A.QP.Attr().PathMTU, "passive side, caps %v %v", tc.active, tc.passive)
+			if tc.passive == 0 || tc.active != 0 && tc.active <= tc.passive {
+				// The active side uses what its REQ offered (ib_cm: the
+				// REP carries no MTU).
+				require.Equal(t, want, p.B.QP.Attr().PathMTU, "active side")
+			}
+		})
+	}
+}
+
+// TestCloseKeepsCleanDisconnect: a connection that ended with a
+// disconnect reports no error, also after its CM closed during the
+// timewait that follows.
+func TestCloseKeepsCleanDisconnect(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p, cmA, cmB := pair(t)
+		l, err := cmA.Listen(port, 1)
+		require.NoError(t, err)
+		accepted := make(chan *rdmacm.Conn, 1)
+		go func() {
+			r, err := l.GetRequest(context.Background())
+			if err == nil {
+				c, _ := r.Accept(context.Background(), p.A.QP, rdmacm.ConnParam{})
+				accepted <- c
+			}
+		}()
+		cb, err := cmB.Connect(context.Background(), p.B.QP, netipAddrPort(p.A.Dev, port), rdmacm.ConnParam{})
+		require.NoError(t, err)
+		ca := <-accepted
+		require.NotNil(t, ca)
+		require.NoError(t, ca.Disconnect())
+		<-ca.Done()
+		<-cb.Done()
+		require.Equal(t, "TIMEWAIT", ca.State())
+		require.NoError(t, cmA.Close())
+		require.NoError(t, cmB.Close())
+		require.NoError(t, ca.Err(), "disconnected cleanly before the CM closed")
+		require.NoError(t, cb.Err())
+	})
 }

@@ -39,6 +39,21 @@ type ConnParam struct {
 	// softrdma extension; 0 means RoCEv2's 4791, what every RoCE NIC
 	// listens on).
 	RoCEPort uint16
+	// PathMTU caps the path MTU (a softrdma extension; 0: no cap, as
+	// rdma_cm, whose path MTU is the port's active MTU). Connect's REQ
+	// offers the smaller of the port's active MTU and PathMTU; Accept
+	// uses the smallest of the REQ's, the port's and PathMTU. It lets a
+	// side whose link is larger than the peer's (a 9000-byte bridge
+	// against a 1500-byte NIC) offer what the peer can receive.
+	PathMTU softrdma.MTU
+}
+
+// pathMTU returns the port's active MTU capped by p.PathMTU.
+func (p *ConnParam) pathMTU(active softrdma.MTU) softrdma.MTU {
+	if p.PathMTU != 0 {
+		return min(active, p.PathMTU)
+	}
+	return active
 }
 
 type state uint8
@@ -243,10 +258,10 @@ func (r *ConnRequest) RemoteQPN() softrdma.QPN { return r.c.remoteQPN }
 // Accept accepts the request on qp, an RC QP of the same device in RESET
 // or INIT (receives may be posted in INIT, as after rdma_create_qp)
 // (rdma_accept): the QP goes to INIT, RTR and RTS with the REQ's
-// attributes (path MTU the smaller of the REQ's and the port's, the peer's
-// QPN and start PSN, max_dest_rd_atomic = p.ResponderResources,
-// max_rd_atomic = p.InitiatorDepth, retry_cnt and rnr_retry from the REQ,
-// timeout 14), a REP goes back, and Accept waits for the RTU
+// attributes (path MTU the smallest of the REQ's, the port's and
+// p.PathMTU, the peer's QPN and start PSN, max_dest_rd_atomic =
+// p.ResponderResources, max_rd_atomic = p.InitiatorDepth, retry_cnt and
+// rnr_retry from the REQ, timeout 14), a REP goes back, and Accept waits for the RTU
 // (RDMA_CM_EVENT_ESTABLISHED), sending the REP again at each timeout.
 // Errors: ErrBadQP, ErrPrivateData (over 196 bytes), ErrState (answered
 // already), ErrTimeout (no RTU), *RejectError (the active side gave up),
@@ -268,7 +283,7 @@ func (r *ConnRequest) Accept(ctx context.Context, qp *softrdma.QP, p ConnParam) 
 	}
 	c.qp, c.param = qp, p
 	c.rqPSN = randomPSN()
-	mtu := min(softrdma.MTU(c.req.PathMTU), qp.ActiveMTU())
+	mtu := min(softrdma.MTU(c.req.PathMTU), p.pathMTU(qp.ActiveMTU()))
 	if err := c.connectQP(mtu, p.ResponderResources, p.InitiatorDepth, c.req.RetryCount, c.req.RNRRetryCount); err != nil {
 		c.rejectLocked(mad.RejConsumerDefined, nil)
 		cm.mu.Unlock()
@@ -308,14 +323,15 @@ func (r *ConnRequest) Reject(privateData []byte) error {
 }
 
 // Connect connects qp, an RC QP of the CM's device in RESET or INIT (with
-// receives posted, as after rdma_create_qp), to the
-// rdma_cm listener at dst (IP and port), and waits until the connection
-// is established (rdma_resolve_addr, rdma_resolve_route, rdma_connect and
+// receives posted, as after rdma_create_qp), to the rdma_cm listener at
+// dst (IP and port), and waits until the connection is established
+// (rdma_resolve_addr, rdma_resolve_route, rdma_connect and
 // RDMA_CM_EVENT_ESTABLISHED): a REQ goes out (sent again at each CM
 // response timeout), the REP's attributes take the QP to RTR and RTS
 // (max_rd_atomic = the REP's responder resources, max_dest_rd_atomic =
 // its initiator depth, rnr_retry its RNR retry count, retry_cnt
-// p.RetryCount, timeout 14, path MTU the port's), and an RTU goes back.
+// p.RetryCount, timeout 14, path MTU the port's capped by p.PathMTU, as
+// the REQ offered it), and an RTU goes back.
 // The peer's device is at dst's IP and UDP port p.RoCEPort (default
 // 4791). Errors: ErrBadQP, ErrPrivateData (over 56 bytes), *RejectError
 // (RDMA_CM_EVENT_REJECTED: the reason and private data), ErrTimeout
@@ -355,7 +371,7 @@ func (cm *CM) Connect(ctx context.Context, qp *softrdma.QP, dst netip.AddrPort, 
 		LocalQPN: qp.QPN(), ResponderResources: p.ResponderResources, InitiatorDepth: p.InitiatorDepth,
 		RemoteCMResponseTimeout: cm.opts.ResponseTimeout, TransportServiceType: mad.TransportRC,
 		StartingPSN: c.rqPSN, LocalCMResponseTimeout: cm.opts.ResponseTimeout, RetryCount: p.RetryCount & 7,
-		PKey: wire.DefaultPKey, PathMTU: mad.PathMTU(qp.ActiveMTU()), RNRRetryCount: p.RNRRetryCount & 7,
+		PKey: wire.DefaultPKey, PathMTU: mad.PathMTU(p.pathMTU(qp.ActiveMTU())), RNRRetryCount: p.RNRRetryCount & 7,
 		MaxCMRetries: cm.opts.MaxRetries,
 		Primary: mad.PathFields{LocalLID: 0xffff, RemoteLID: 0xffff, LocalGID: src, RemoteGID: dstIP,
 			HopLimit: 64, LocalACKTimeout: localACKTimeout},
@@ -646,6 +662,13 @@ func (c *Conn) settleLocked(err error) {
 func (c *Conn) failLocked(err error) {
 	c.stopTimer()
 	if c.state == stClosed {
+		return
+	}
+	if c.finished {
+		// Ended already (TIMEWAIT after a disconnect; CM.Close fails
+		// every connection it has): the end stands, with its error.
+		c.state = stClosed
+		c.forget()
 		return
 	}
 	c.settleLocked(err)

@@ -42,7 +42,9 @@ type toolCmd struct {
 	RxDepth     int      `short:"r" name:"rx-depth" help:"Receives posted per QP (SEND tests). Default: 512."`
 	CQMod       int      `short:"Q" name:"cq-mod" help:"Request a completion every this many sends (BW). Default: 100."`
 	QPs         int      `short:"q" name:"qp" help:"Number of QPs. Default: 1."`
-	Port        int      `short:"p" name:"port" default:"18515" help:"TCP port of the exchange with the peer."`
+	Port        int      `short:"p" name:"port" default:"18515" help:"TCP port of the exchange with the peer (with -R: the rdma_cm port)."`
+	RDMACM      bool     `short:"R" name:"rdma_cm" aliases:"rdma-cm" help:"Connect with the RDMA CM, as perftest's -R: the exchange over an RC connection to the server's rdma_cm port -p, the QPs connected by the CM."`
+	RoCEPort    int      `name:"roce-port" placeholder:"PORT" help:"Client with -R: the UDP port of the server's RoCEv2 device, where the CM sends its MADs (default 4791)."`
 	QPTimeout   int      `short:"u" name:"qp-timeout" default:"14" help:"QP timeout exponent (1-31): retransmit after 4.096 µs × 2^N without an ACK (perftest -u)."`
 	Inline      int      `short:"I" name:"inline_size" aliases:"inline-size" default:"-1" help:"Max inline data in bytes. Default: 220 (write-lat), 236 (send-lat), else 0."`
 	Atomic      string   `short:"A" name:"atomic_type" aliases:"atomic-type" enum:"FETCH_AND_ADD,CMP_AND_SWAP" default:"FETCH_AND_ADD" help:"atomic-bw: FETCH_AND_ADD or CMP_AND_SWAP."`
@@ -94,6 +96,16 @@ func (c *toolCmd) options(test perf.Test) (*perf.Options, error) {
 			return nil, err
 		}
 	}
+	switch {
+	case c.RoCEPort != 0 && !c.RDMACM:
+		return nil, fmt.Errorf("--roce-port is the server's device's port for the RDMA CM: it needs -R")
+	case c.RoCEPort != 0 && c.Server == "":
+		return nil, fmt.Errorf("--roce-port is the client's (where it reaches the server's device); the server's own is --bind")
+	case c.RoCEPort < 0 || c.RoCEPort > 65535:
+		return nil, fmt.Errorf("--roce-port %d: not a UDP port", c.RoCEPort)
+	case c.RDMACM && (c.Port < 0 || c.Port > 65535):
+		return nil, fmt.Errorf("-p %d: not an rdma_cm port", c.Port)
+	}
 	p := perf.Params{
 		Size: int64(c.Size), Iters: c.Iters, Duration: time.Duration(c.Duration), All: c.All, MTU: c.MTU,
 		TxDepth: c.TxDepth, RxDepth: c.RxDepth, CQMod: c.CQMod, QPs: c.QPs, Inline: c.Inline,
@@ -115,7 +127,7 @@ func (c *toolCmd) options(test perf.Test) (*perf.Options, error) {
 	return &perf.Options{
 		Test: test, Params: p, Server: c.Server, Port: c.Port, Bind: c.Bind, File: c.File, Out: c.Out,
 		Pcap: c.Pcap, Impair: c.Impair, SourcePort: int(c.SourcePort), JSON: c.JSON, ReportGbits: c.ReportGbits, ODP: odp,
-		Perftest: c.Perftest, ConnectTimeout: c.ConnectTimeout, Stat: c.Stat,
+		Perftest: c.Perftest, ConnectTimeout: c.ConnectTimeout, Stat: c.Stat, RDMACM: c.RDMACM, RoCEPort: c.RoCEPort,
 	}, nil
 }
 

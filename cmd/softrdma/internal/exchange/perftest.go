@@ -31,7 +31,18 @@ import (
 // barrier (after moving the QPs to RTR, before and after the run), and
 // perftest before pull request #220 (August 2023; 4.5-0.17 has it) wrote
 // "done\0" after the last one and closed without reading the peer's.
-// golden_test.go holds the bytes of captures/write_bw.pcap.
+// perftest_test.go holds the bytes of captures/write_bw.pcap.
+//
+// With -R (rdma_cm) the same steps cross as RC SENDs on a connection the
+// RDMA CM made to the server's port (-p), one SEND per step and side
+// (ctx_xchg_data_rdma: rdma_write_data, then rdma_read_data, which
+// reposts the one receive, of sizeof(struct pingpong_dest) = 56 bytes);
+// the hand shake is then struct pingpong_dest itself, 56 bytes with each
+// field big-endian (rdma_write_keys), and nothing follows the last one
+// (the "done" was written to the TCP socket only). Perftest's
+// RDMACM field selects this; the caller provides a net.Conn whose every
+// Write is one SEND (cmchan.Conn). perftest_test.go holds the bytes of
+// captures/send_bw_rdmacm.pcap.
 
 // PerftestVersion is the VERSION this side announces: perftest 25.01's.
 // The peer's behaviour depends on it only through thresholds that both
@@ -110,6 +121,9 @@ type PerftestDest struct {
 	VAddr    uint64 // the sender's buffer for this QP
 	GID      [16]byte
 	SRQN     uint32 // XRC/DC only; 0
+	// GIDIndex is the sender's -x (its GID's index); only the rdma_cm
+	// form carries it, and perftest does not read it.
+	GIDIndex int32
 }
 
 // Marshal formats d as KEY_PRINT_FMT_GID, NUL terminated.
@@ -127,6 +141,63 @@ func (d *PerftestDest) Marshal() [KeyMsgSize]byte {
 
 // ErrBadKeys reports a ctx_hand_shake message that does not parse.
 var ErrBadKeys = errors.New("exchange: malformed perftest key message")
+
+// CMKeyMsgSize is sizeof(struct pingpong_dest): one ctx_hand_shake
+// message over rdma_cm.
+const CMKeyMsgSize = 56
+
+// Offsets in the rdma_cm form of struct pingpong_dest (x86-64 layout:
+// int lid, out_reads, qpn, psn; unsigned rkey; 4 bytes of padding;
+// unsigned long long vaddr; union ibv_gid gid; unsigned srqn; int
+// gid_index).
+const (
+	cmKeyLID      = 0
+	cmKeyOutReads = 4
+	cmKeyQPN      = 8
+	cmKeyPSN      = 12
+	cmKeyRKey     = 16
+	cmKeyVAddr    = 24 // after 4 bytes of padding, which perftest leaves uninitialized
+	cmKeyGID      = 32
+	cmKeySRQN     = 48
+	cmKeyGIDIndex = 52
+)
+
+// MarshalCM returns d as rdma_write_keys sends it over rdma_cm: struct
+// pingpong_dest with every field big-endian (htobe32, htobe64), the
+// padding zero.
+func (d *PerftestDest) MarshalCM() [CMKeyMsgSize]byte {
+	var m [CMKeyMsgSize]byte
+	binary.BigEndian.PutUint32(m[cmKeyLID:], uint32(d.LID))
+	binary.BigEndian.PutUint32(m[cmKeyOutReads:], uint32(d.OutReads))
+	binary.BigEndian.PutUint32(m[cmKeyQPN:], d.QPN)
+	binary.BigEndian.PutUint32(m[cmKeyPSN:], d.PSN)
+	binary.BigEndian.PutUint32(m[cmKeyRKey:], d.RKey)
+	binary.BigEndian.PutUint64(m[cmKeyVAddr:], d.VAddr)
+	copy(m[cmKeyGID:], d.GID[:])
+	binary.BigEndian.PutUint32(m[cmKeySRQN:], d.SRQN)
+	binary.BigEndian.PutUint32(m[cmKeyGIDIndex:], uint32(d.GIDIndex))
+	return m
+}
+
+// ParsePerftestDestCM parses the rdma_cm form of a hand shake (what
+// rdma_read_keys reads: every field, the padding ignored). It is strict
+// where perftest is not: the LID and out_reads must fit 16 bits, the QPN
+// and PSN 24.
+func ParsePerftestDestCM(m []byte) (PerftestDest, error) {
+	if len(m) != CMKeyMsgSize {
+		return PerftestDest{}, fmt.Errorf("%w: %d bytes over rdma_cm, want %d", ErrBadKeys, len(m), CMKeyMsgSize)
+	}
+	u32 := func(off int) uint32 { return binary.BigEndian.Uint32(m[off:]) }
+	lid, out, qpn, psn := u32(cmKeyLID), u32(cmKeyOutReads), u32(cmKeyQPN), u32(cmKeyPSN)
+	if lid > 0xffff || out > 0xffff || qpn > 0xffffff || psn > 0xffffff {
+		return PerftestDest{}, fmt.Errorf("%w: LID %#x, out_reads %#x, QPN %#x or PSN %#x out of range (%x)",
+			ErrBadKeys, lid, out, qpn, psn, m)
+	}
+	d := PerftestDest{LID: uint16(lid), OutReads: uint16(out), QPN: qpn, PSN: psn, RKey: u32(cmKeyRKey),
+		VAddr: binary.BigEndian.Uint64(m[cmKeyVAddr:]), SRQN: u32(cmKeySRQN), GIDIndex: int32(u32(cmKeyGIDIndex))}
+	copy(d.GID[:], m[cmKeyGID:])
+	return d, nil
+}
 
 // ParsePerftestDest parses a KEY_PRINT_FMT_GID message. It is strict where
 // perftest's ethernet_read_keys (strtol of each ':'-separated field) would
@@ -187,6 +258,10 @@ type Perftest struct {
 	// Timeout bounds each step (0: none). A perftest peer waits for
 	// ever; a softrdma client that got stuck should not.
 	Timeout time.Duration
+	// RDMACM selects perftest's exchange over rdma_cm (-R): c carries
+	// each Write as one SEND, the hand shakes are struct pingpong_dest
+	// (56 bytes, MarshalCM), and Close writes no "done".
+	RDMACM bool
 }
 
 // NewPerftest wraps c, the connection a client dialled or a server
@@ -308,6 +383,14 @@ func (p *Perftest) MTU(mtu int) (int, error) {
 // HandShake is ctx_hand_shake with the key message of my: it returns the
 // peer's.
 func (p *Perftest) HandShake(my *PerftestDest) (PerftestDest, error) {
+	if p.RDMACM {
+		m := my.MarshalCM()
+		var rem [CMKeyMsgSize]byte
+		if err := p.xchg("hand shake", m[:], rem[:]); err != nil {
+			return PerftestDest{}, err
+		}
+		return ParsePerftestDestCM(rem[:])
+	}
 	m := my.Marshal()
 	var rem [KeyMsgSize]byte
 	if err := p.xchg("hand shake", m[:], rem[:]); err != nil {
@@ -366,7 +449,8 @@ func (p *Perftest) Reports(my PerftestReport) (PerftestReport, error) {
 // after its last hand shake (ctx_close_connection before perftest pull
 // request #220): 6.06 does, 6.24 does not; versions between them are
 // taken to be the newer kind from 6.10 on (not checked against a build).
-func (p *Perftest) SendsDone() bool { return p.Remote.Float() < 6.10 }
+// Over rdma_cm nobody does.
+func (p *Perftest) SendsDone() bool { return !p.RDMACM && p.Remote.Float() < 6.10 }
 
 // perftestDone is what ctx_close_connection wrote before pull request #220.
 var perftestDone = []byte("done\x00")

@@ -194,8 +194,16 @@ type Options struct {
 	// server.
 	Server string
 	// Port is the TCP port of the exchange (perftest's -p, 18515); 0
-	// lets a server pick one (see Ready).
+	// lets a server pick one (see Ready). With RDMACM, the rdma_cm port
+	// (0: 18515).
 	Port int
+	// RDMACM connects with the RDMA CM instead of TCP, as perftest's -R:
+	// the exchange runs over an RC connection the CM makes to the
+	// server's port, and the CM connects the data QPs (see cm.go).
+	RDMACM bool
+	// RoCEPort is the UDP port of the server's device, where a -R
+	// client's CM sends its MADs (0: 4791, every RoCE NIC's).
+	RoCEPort int
 	// ConnectTimeout makes a client retry a refused connection for this
 	// long (0: one attempt, as perftest).
 	ConnectTimeout time.Duration
@@ -240,7 +248,8 @@ type Options struct {
 	// Listener, if set, is the server's TCP listener (Port is ignored).
 	Listener net.Listener
 	// Ready is called by a server once its TCP listener accepts
-	// connections, with its address.
+	// connections, with its address (with RDMACM: once its CM listens,
+	// with the rdma_cm address, a cmchan.Addr).
 	Ready func(addr net.Addr)
 	// Stdout receives the report; Logf, if set, notices (e.g. a fallback
 	// port).

@@ -115,6 +115,9 @@ func nonZeroCounters(s *session) map[string]uint64 {
 			m[c.Name] = c.Value
 		}
 	}
+	for _, c := range s.cmCounters() {
+		m[c.name] = c.v
+	}
 	return m
 }
 
@@ -135,6 +138,9 @@ func (s *session) printStat(w io.Writer) {
 	// and impairments it counts): what left and what arrived, before
 	// --impair's receive side and after its send side. sent_pkts counts
 	// packets an impairment then dropped, rcvd_pkts does not count them.
+	for _, c := range s.cmCounters() {
+		fmt.Fprintf(w, "  %s = %d\n", c.name, c.v)
+	}
 	cs := s.dev.ConnStats().Snapshot()
 	for _, c := range []struct {
 		name string

@@ -46,6 +46,8 @@ import (
 //     ib_send_lat's client sends first.
 //   - Both sides' RoCEv2 devices use UDP port 4791, the only port a
 //     perftest peer sends to.
+//   - With -R the steps cross as SENDs on an RDMA CM connection, the hand
+//     shakes in binary, and the CM connects the QPs (cm.go).
 //
 // perftest checks no data. --verify checks what one side can: a read-bw
 // or read-lat client that every READ of a remote range returns what the
@@ -83,8 +85,13 @@ const (
 
 // exchangeName describes the out-of-band exchange for the banner.
 func (s *session) exchangeName() string {
-	if s.pt != nil {
+	switch {
+	case s.pt != nil && s.ch != nil:
+		return fmt.Sprintf("rdma_cm (perftest's exchange; peer perftest %s)", s.pt.Remote)
+	case s.pt != nil:
 		return fmt.Sprintf("Ethernet (TCP, perftest's exchange; peer perftest %s)", s.pt.Remote)
+	case s.ch != nil:
+		return "rdma_cm (softrdma framing)"
 	}
 	return s.xch.Name()
 }
@@ -164,6 +171,11 @@ func (s *session) ptRun(ctx context.Context) error {
 		return err
 	}
 	s.ptPrepare()
+	if s.ch != nil {
+		if err := s.ptCMConnect(ctx); err != nil {
+			return err
+		}
+	}
 	if err := s.ptConnect(ctx, sizes[0]); err != nil {
 		return err
 	}
@@ -241,15 +253,36 @@ func (s *session) ptPrepare() {
 	}
 }
 
-// ptLocalDests describes the round's QPs as perftest's keys.
+// ptLocalDests describes the round's QPs as perftest's keys. The GID
+// index (carried over rdma_cm only, and read by nobody) is 1 for an IPv4
+// device, rxe's index of its IPv4-mapped GID (-x 1).
 func (s *session) ptLocalDests() []exchange.PerftestDest {
 	gid := s.dev.GID()
+	var gidIndex int32
+	if s.dev.LocalAddr().Addr().Is4() {
+		gidIndex = 1
+	}
 	d := make([]exchange.PerftestDest, len(s.qps))
 	for i, qp := range s.qps {
 		d[i] = exchange.PerftestDest{OutReads: uint16(s.outReads()), QPN: uint32(qp.QPN()), PSN: s.psns[i],
-			RKey: s.mr.RKey(), VAddr: s.addr(i, 0), GID: gid}
+			RKey: s.mr.RKey(), VAddr: s.addr(i, 0), GID: gid, GIDIndex: gidIndex}
 	}
 	return d
+}
+
+// ptCMConnect is create_rdma_cm_connection with -R: a hand shake of zeros
+// (perftest's my_dest is not filled in yet), the data connections through
+// the CM, another hand shake of zeros.
+func (s *session) ptCMConnect(ctx context.Context) error {
+	var zero exchange.PerftestDest
+	if _, err := s.pt.HandShake(&zero); err != nil {
+		return err
+	}
+	if err := s.cmConnectQPs(ctx); err != nil {
+		return err
+	}
+	_, err := s.pt.HandShake(&zero)
+	return err
 }
 
 // ptHandShake is one ctx_hand_shake with QP i's keys; the peer must answer
@@ -356,6 +389,15 @@ func (s *session) ptPeerAddr(gid [16]byte) (netip.AddrPort, error) {
 // max_rd_atomic the peer's out_reads.
 func (s *session) ptConnectQPs() error {
 	s.remote = make([]exchange.QPInfo, len(s.qps))
+	if s.cm != nil {
+		// -R: the CM connected them; the keys give the rkeys and buffers.
+		for i := range s.qps {
+			r := &s.pm.rem[i]
+			s.remote[i] = exchange.QPInfo{RKey: r.RKey, VAddr: r.VAddr, Size: uint64(max(s.maxSize(), int64(s.pm.cycle)))}
+		}
+		s.cmRemoteFromQPs()
+		return nil
+	}
 	for i, qp := range s.qps {
 		r := &s.pm.rem[i]
 		addr, err := s.ptPeerAddr(r.GID)
@@ -480,6 +522,9 @@ func (s *session) ptRunSide(ctx context.Context, sizes []int64) error {
 // ptClose ends the exchange (see exchange.Perftest.Close) and lets the
 // device linger.
 func (s *session) ptClose(afterHandShake bool) error {
+	if s.ch != nil {
+		s.cmEnd(true) // the DREQs, as perftest's destroy_ctx
+	}
 	s.pt.Close(afterHandShake)
 	time.Sleep(ptLinger)
 	return nil

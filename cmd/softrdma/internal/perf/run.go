@@ -79,9 +79,14 @@ func Run(ctx context.Context, o *Options) (*Result, error) {
 	defer s.close()
 	err := s.openFiles()
 	if err == nil {
-		if s.server {
+		switch {
+		case o.RDMACM && s.server:
+			err = s.runServerCM(ctx)
+		case o.RDMACM:
+			err = s.runClientCM(ctx)
+		case s.server:
 			err = s.runServer(ctx)
-		} else {
+		default:
 			err = s.runClient(ctx)
 		}
 	}
@@ -178,7 +183,18 @@ func (s *session) runClient(ctx context.Context) error {
 	if s.ctrl, err = exchange.New(c); err != nil {
 		return err
 	}
-	s.p = o.Params
+	s.clientParams()
+	err = s.clientHello(ctx)
+	if err == nil {
+		err = s.run(ctx)
+	}
+	return s.tellPeer(err)
+}
+
+// clientParams sets the test parameters a client sends in its hello: its
+// flags, perftest's defaults, a pattern seed, its --file's size.
+func (s *session) clientParams() {
+	s.p = s.o.Params
 	s.p.Defaults(s.test)
 	if s.p.Seed == 0 {
 		s.p.Seed = rand.Uint64() | 1
@@ -187,11 +203,6 @@ func (s *session) runClient(ctx context.Context) error {
 	if s.file != nil {
 		s.p.FileSize = s.fileSize
 	}
-	err = s.clientHello(ctx)
-	if err == nil {
-		err = s.run(ctx)
-	}
-	return s.tellPeer(err)
 }
 
 func (s *session) clientHello(ctx context.Context) error {
@@ -407,6 +418,7 @@ func (s *session) run(ctx context.Context) error {
 			}
 			return err
 		}
+		s.cmDisconnectData(true) // -R
 		s.destroyRound()
 		s.addRow(w, text, &mine, &peer)
 		if s.fileSize >= 0 {

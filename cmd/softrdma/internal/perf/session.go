@@ -9,9 +9,11 @@ import (
 	"os"
 
 	"github.com/softrdma/softrdma"
+	"github.com/softrdma/softrdma/cmd/softrdma/internal/cmchan"
 	"github.com/softrdma/softrdma/cmd/softrdma/internal/exchange"
 	"github.com/softrdma/softrdma/cmd/softrdma/internal/odpbuf"
 	"github.com/softrdma/softrdma/cmd/softrdma/internal/report"
+	"github.com/softrdma/softrdma/rdmacm"
 	"github.com/softrdma/softrdma/transport/pcaptap"
 )
 
@@ -29,11 +31,19 @@ type session struct {
 	pt *exchange.Perftest
 	pm ptMode // perftest mode's state
 	// tcpLocal and tcpRemote are the control connection's addresses: the
-	// IP that reaches the peer, and the peer's.
+	// IP that reaches the peer, and the peer's. With -R, the device's IP
+	// and the peer's (see cm.go).
 	tcpLocal, tcpRemote netip.Addr
-	ctx                 context.Context // canceled when the control channel closes
-	unit                report.Unit
-	json                report.JSON // the report, filled as the run goes
+	// -R (cm.go): the device's CM, the server's listener (the channel's
+	// and the data connections' port), the channel the exchange runs
+	// over, and the round's data connections.
+	cm    *rdmacm.CM
+	lst   *rdmacm.Listener
+	ch    *cmchan.Conn
+	conns []*rdmacm.Conn
+	ctx   context.Context // canceled when the control channel closes
+	unit  report.Unit
+	json  report.JSON // the report, filled as the run goes
 
 	dev    *softrdma.Device
 	ownDev bool
@@ -126,9 +136,9 @@ func (s *session) openDevice() error {
 		ip = s.tcpLocal
 	}
 	port := bind.Port()
-	if !hasPort && (s.server || s.pt != nil) {
+	if !hasPort && (s.server || s.pt != nil || s.o.RDMACM) {
 		// A perftest peer sends to 4791 whichever side it is: its
-		// exchange carries no port.
+		// exchange carries no port; with -R neither does the CM.
 		port = DefServerPort
 	}
 	imp, err := ParseImpair(s.o.Impair)
@@ -150,13 +160,18 @@ func (s *session) openDevice() error {
 	if err != nil && s.pt != nil {
 		return fmt.Errorf("%w (a perftest peer sends to UDP port %d: its exchange carries no port)", err, DefServerPort)
 	}
-	if err != nil && s.server && !hasPort {
+	if err != nil && (s.server || s.o.RDMACM) && !hasPort {
 		// 4791 is taken (another server, a daemon): any port will do, the
-		// exchange tells the client which.
+		// exchange tells the client which. With -R nothing does: the
+		// peer must be told (--roce-port), and a RoCE NIC cannot be.
 		cfg.Addr = netip.AddrPortFrom(ip, 0)
 		var err2 error
 		if s.dev, err2 = softrdma.Open(cfg); err2 == nil {
-			s.logf("softrdma: %v; the device uses %v instead", err, s.dev.LocalAddr())
+			note := ""
+			if s.o.RDMACM {
+				note = " (with -R a peer reaches it only if told the port: --roce-port; a RoCE NIC sends to 4791)"
+			}
+			s.logf("softrdma: %v; the device uses %v instead%s", err, s.dev.LocalAddr(), note)
 			err = nil
 		}
 	}
@@ -167,14 +182,19 @@ func (s *session) openDevice() error {
 	return nil
 }
 
-// setup opens the device and registers the buffer.
+// setup opens the device (unless -R opened it already) and registers the
+// buffer.
 func (s *session) setup() error {
-	if err := s.openDevice(); err != nil {
-		return err
-	}
 	var err error
-	if s.pd, err = s.dev.AllocPD(); err != nil {
-		return err
+	if s.dev == nil {
+		if err = s.openDevice(); err != nil {
+			return err
+		}
+	}
+	if s.pd == nil {
+		if s.pd, err = s.dev.AllocPD(); err != nil {
+			return err
+		}
 	}
 	s.region = s.regionSize()
 	s.stride = roundUp(s.region, pageSize)
@@ -198,6 +218,7 @@ const bufAccess = softrdma.AccessLocalWrite | softrdma.AccessRemoteWrite | softr
 
 // close releases everything; it is safe on a partly set up session.
 func (s *session) close() {
+	s.cmClose()
 	s.destroyRound()
 	if s.mr != nil {
 		s.dev.DeregMR(s.mr)
@@ -312,6 +333,13 @@ func (s *session) connect(ctx context.Context) error {
 		}
 	}
 	s.remote = remote
+	if s.cm != nil {
+		if err := s.cmConnectQPs(ctx); err != nil {
+			return err
+		}
+		s.cmRemoteFromQPs()
+		return s.ctrl.Sync(ctx)
+	}
 	mtu := mtuCode(s.p.MTU)
 	for i, qp := range s.qps {
 		ep := softrdma.Endpoint{Addr: remote[i].Addr(), QPN: softrdma.QPN(remote[i].QPN), PSN: softrdma.PSN(remote[i].PSN)}

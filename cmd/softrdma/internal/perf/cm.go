@@ -1,0 +1,485 @@
+package perf
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/softrdma/softrdma"
+	"github.com/softrdma/softrdma/cmd/softrdma/internal/cmchan"
+	"github.com/softrdma/softrdma/cmd/softrdma/internal/exchange"
+	"github.com/softrdma/softrdma/rdmacm"
+	"github.com/softrdma/softrdma/transport/wire/mad"
+)
+
+// -R (Options.RDMACM): the RDMA CM instead of TCP, as perftest's -R
+// (src/perftest_communication.c; docs/interop.md has the sequence as
+// captures/send_bw_rdmacm.pcap shows it).
+//
+//   - The exchange runs over an RC connection the CM makes to the
+//     server's port -p (rdma_client_connect, rdma_server_connect): one
+//     SEND per step and side (cmchan), perftest's steps and, with a
+//     softrdma peer that answers the mark in the version, softrdma's own
+//     exchange, as over TCP. Both sides offer retry_cnt 7 and rnr_retry 7,
+//     no responder resources (the channel is SEND only).
+//   - The data QPs are connected by the CM too, to the same port
+//     (perftest's create_rdma_cm_connection): with perftest's exchange
+//     between two hand shakes of zeros, right after check_mtu; with
+//     softrdma's, in every round after the QP keys crossed. retry_cnt 7,
+//     rnr_retry 7; for READ and atomics the client offers out_reads as
+//     responder resources and initiator depth, the server the smaller of
+//     its own and the client's (rdma_cm_connection_request_handler). The
+//     client connects the QPs one at a time, in order, and tries again
+//     100 ms later when it is rejected because the server does not listen
+//     yet (perftest: ten times); the server accepts them in the order
+//     they come.
+//   - The QPs' attributes are the CM's (timeout 14, min_rnr_timer 12),
+//     the path MTU the smaller of the ports' capped by the MTU check_mtu
+//     agreed on (or -m).
+//   - At the end the server disconnects each data connection and waits for
+//     the DREP, then the channel; the client waits for the server's DREQs
+//     (rdma_cm_disconnect_nodes: only perftest's server calls
+//     rdma_disconnect) and disconnects itself only if none came.
+//   - The devices: UDP port 4791 on both sides unless --bind says
+//     otherwise (a RoCE NIC sends its MADs and packets there); the client
+//     reaches a server's device on another port with --roce-port. The IP:
+//     --bind's, else the client's route to the server, the server's only
+//     non-loopback address.
+
+// RDMA CM constants, perftest's.
+const (
+	cmRetryCount = 7 // retry_count (DEF_RETRY_COUNT)
+	cmRNRRetry   = 7
+	// cmDataAttempts and cmDataRetryEvery: rdma_cm_client_connection
+	// tries ten times, 100 ms apart.
+	cmDataAttempts   = 10
+	cmDataRetryEvery = 100 * time.Millisecond
+	// cmDisconnectWait bounds the wait for a DREP, or for the server's
+	// DREQ on the client.
+	cmDisconnectWait = 5 * time.Second
+	// cmBacklog is the listener's backlog (perftest: num_of_qps).
+	cmBacklog = 16
+)
+
+// cmParam is what this side offers in a REQ or REP: perftest's conn_param.
+func (s *session) cmParam() rdmacm.ConnParam {
+	p := rdmacm.ConnParam{RetryCount: cmRetryCount, RNRRetryCount: cmRNRRetry, RoCEPort: uint16(s.o.RoCEPort),
+		PathMTU: mtuCode(s.p.MTU)}
+	if v := s.test.verb(); v == verbRead || v == verbAtomic {
+		d := uint8(min(s.outReads(), 255))
+		p.ResponderResources, p.InitiatorDepth = d, d
+	}
+	return p
+}
+
+// cmChannelParam is the channel's: SEND only, so no responder resources.
+func (s *session) cmChannelParam() rdmacm.ConnParam {
+	return rdmacm.ConnParam{RetryCount: cmRetryCount, RNRRetryCount: cmRNRRetry, RoCEPort: uint16(s.o.RoCEPort),
+		PathMTU: mtuCode(s.o.Params.MTU)}
+}
+
+// cmPort is the CM port: -p, perftest's 18515 by default.
+func (s *session) cmPort() uint16 {
+	if s.o.Port == 0 {
+		return exchange.DefaultPort
+	}
+	return uint16(s.o.Port)
+}
+
+// cmOpen opens the device on s.tcpLocal (or --bind), its CM and the PD.
+func (s *session) cmOpen() error {
+	if err := s.openDevice(); err != nil {
+		return err
+	}
+	var err error
+	if s.cm, err = rdmacm.Open(s.dev, rdmacm.Options{Logf: s.logf}); err != nil {
+		return err
+	}
+	s.pd, err = s.dev.AllocPD()
+	return err
+}
+
+// runClientCM is runClient with -R.
+func (s *session) runClientCM(ctx context.Context) error {
+	o := s.o
+	server, err := resolveIP(ctx, o.Server)
+	if err != nil {
+		return fmt.Errorf("connect to the server: %w", err)
+	}
+	s.tcpRemote = server
+	if bind, _, _ := ParseBind(o.Bind); bind.Addr().IsValid() {
+		s.tcpLocal = bind.Addr()
+	} else if s.tcpLocal, err = routeIP(server); err != nil {
+		return fmt.Errorf("connect to the server: %w", err)
+	}
+	if err := s.cmOpen(); err != nil {
+		return err
+	}
+	dst := netip.AddrPortFrom(server, s.cmPort())
+	deadline := time.Now().Add(o.ConnectTimeout)
+	for {
+		dctx, cancel := ctx, context.CancelFunc(func() {})
+		if o.ConnectTimeout > 0 {
+			dctx, cancel = context.WithDeadline(ctx, deadline)
+		}
+		s.ch, err = cmchan.Dial(dctx, s.cm, s.dev, s.pd, dst, s.cmChannelParam())
+		cancel()
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		// A server whose device is up but that does not listen yet
+		// rejects the REQ ("invalid service ID"): try again, as
+		// --connect-timeout does for a refused TCP connection.
+		var rej *rdmacm.RejectError
+		if !errors.As(err, &rej) || rej.Reason != mad.RejInvalidServiceID || time.Now().Add(retryEvery).After(deadline) {
+			return fmt.Errorf("connect to the server: rdma_cm %v (device %v): %w", dst, s.cmPeerDevice(server), err)
+		}
+		select {
+		case <-time.After(retryEvery):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return s.cmSession(ctx)
+}
+
+// cmPeerDevice is the UDP address where the CM sends its MADs.
+func (s *session) cmPeerDevice(ip netip.Addr) netip.AddrPort {
+	port := uint16(s.o.RoCEPort)
+	if port == 0 {
+		port = DefServerPort
+	}
+	return netip.AddrPortFrom(ip, port)
+}
+
+// runServerCM is runServer with -R.
+func (s *session) runServerCM(ctx context.Context) error {
+	o := s.o
+	if bind, _, _ := ParseBind(o.Bind); bind.Addr().IsValid() {
+		s.tcpLocal = bind.Addr()
+	} else {
+		var err error
+		if s.tcpLocal, err = defaultIP(); err != nil {
+			return err
+		}
+	}
+	if err := s.cmOpen(); err != nil {
+		return err
+	}
+	var err error
+	if s.lst, err = s.cm.Listen(s.cmPort(), cmBacklog); err != nil {
+		return fmt.Errorf("rdma_listen: %w", err)
+	}
+	if o.Ready != nil {
+		o.Ready(cmchan.Addr(netip.AddrPortFrom(s.tcpLocal, s.cmPort())))
+	}
+	if !o.JSON {
+		fmt.Fprintf(o.Stdout, "\n************************************\n* Waiting for client to connect... *\n************************************\n")
+	}
+	req, err := s.lst.GetRequest(ctx)
+	if err != nil {
+		return ctxErr(ctx, err)
+	}
+	s.tcpRemote = req.RemoteAddr().Addr()
+	if s.ch, err = cmchan.Accept(ctx, req, s.dev, s.pd, s.cmChannelParam()); err != nil {
+		return ctxErr(ctx, fmt.Errorf("accept: %w", err))
+	}
+	return s.cmSession(ctx)
+}
+
+// cmSession runs the exchange over the channel: perftest's, or softrdma's
+// when both offer it, as over TCP.
+func (s *session) cmSession(ctx context.Context) error {
+	pt := exchange.NewPerftest(s.ch, !s.server)
+	pt.RDMACM = true
+	stop := context.AfterFunc(ctx, func() { s.ch.Close() })
+	native, err := pt.ExchangeVersions(!s.o.Perftest)
+	stop()
+	if err != nil {
+		return ctxErr(ctx, err)
+	}
+	if !native {
+		s.pt = pt
+		return s.runPerftest(ctx)
+	}
+	if s.ctrl, err = exchange.New(s.ch); err != nil {
+		return err
+	}
+	if s.server {
+		err = s.serverHello(ctx)
+	} else {
+		s.clientParams()
+		err = s.clientHello(ctx)
+	}
+	if err == nil {
+		err = s.run(ctx)
+	}
+	err = s.tellPeer(err)
+	s.cmEnd(err == nil)
+	return err
+}
+
+// cmConnectQPs connects the round's QPs through the CM, in order (the
+// client connects, the server accepts), and takes their addresses, QPNs
+// and PSNs from the QPs: the CM chose the PSNs.
+func (s *session) cmConnectQPs(ctx context.Context) error {
+	s.conns = make([]*rdmacm.Conn, len(s.qps))
+	for i, qp := range s.qps {
+		var err error
+		if s.server {
+			s.conns[i], err = s.cmAccept(ctx, qp)
+		} else {
+			s.conns[i], err = s.cmDial(ctx, qp)
+		}
+		if err != nil {
+			return fmt.Errorf("RDMA CM connection of QP %d (QPN %#x): %w", i, qp.QPN(), err)
+		}
+		s.psns[i] = uint32(qp.Attr().SQPSN)
+	}
+	return nil
+}
+
+// cmRemoteFromQPs fills the QPN, PSN and address of s.remote from the
+// connected QPs.
+func (s *session) cmRemoteFromQPs() {
+	for i, qp := range s.qps {
+		a := qp.Attr()
+		r := &s.remote[i]
+		r.QPN, r.PSN = uint32(a.DestQPN), uint32(a.RQPSN)
+		r.GID, r.Port = a.Dest.Addr().As16(), a.Dest.Port()
+	}
+}
+
+// cmDial connects qp to the server (rdma_cm_route_handler's
+// rdma_connect), trying again while the server does not listen.
+func (s *session) cmDial(ctx context.Context, qp *softrdma.QP) (*rdmacm.Conn, error) {
+	dst := netip.AddrPortFrom(s.tcpRemote, s.cmPort())
+	for attempt := 1; ; attempt++ {
+		c, err := s.cm.Connect(ctx, qp, dst, s.cmParam())
+		var rej *rdmacm.RejectError
+		if err == nil || !errors.As(err, &rej) || rej.Reason != mad.RejInvalidServiceID || attempt == cmDataAttempts {
+			return c, err
+		}
+		// perftest's server listens for the data connections only after
+		// the hand shake before them. The REJ moved the QP to ERR.
+		if err := qp.Modify(&softrdma.QPAttr{State: softrdma.QPStateReset}, softrdma.QPAttrState); err != nil {
+			return nil, err
+		}
+		select {
+		case <-time.After(cmDataRetryEvery):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// cmAccept accepts the next request on qp
+// (rdma_cm_connection_request_handler): READ and atomic depths clamped to
+// what the client offered.
+func (s *session) cmAccept(ctx context.Context, qp *softrdma.QP) (*rdmacm.Conn, error) {
+	// A client that disconnected the channel ends the wait.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	gone := s.ch.CM().Done()
+	go func() {
+		select {
+		case <-gone:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	req, err := s.lst.GetRequest(ctx)
+	if err != nil {
+		select {
+		case <-gone:
+			return nil, errors.New("the client disconnected")
+		default:
+		}
+		return nil, err
+	}
+	p := s.cmParam()
+	rp := req.Param()
+	p.ResponderResources = min(p.ResponderResources, rp.InitiatorDepth)
+	p.InitiatorDepth = min(p.InitiatorDepth, rp.ResponderResources)
+	return req.Accept(ctx, qp, p)
+}
+
+// cmDisconnectData ends the data connections (perftest's destroy_ctx,
+// rdma_cm_disconnect_nodes): orderly, the server disconnects and waits
+// for each DREP, the client waits for the server's DREQs and disconnects
+// itself only after cmDisconnectWait; otherwise (a failed run) both
+// disconnect at once.
+func (s *session) cmDisconnectData(orderly bool) {
+	conns := s.conns
+	s.conns = nil
+	for _, c := range conns {
+		if c != nil && (s.server || !orderly) {
+			_ = c.Disconnect()
+		}
+	}
+	if !orderly {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cmDisconnectWait)
+	defer cancel()
+	for _, c := range conns {
+		if c == nil {
+			continue
+		}
+		select {
+		case <-c.Done():
+		case <-ctx.Done():
+			s.logf("softrdma: the %s did not disconnect its QP %#x within %v", s.peerName(), c.QP().QPN(), cmDisconnectWait)
+			_ = c.Disconnect()
+		}
+	}
+}
+
+func (s *session) peerName() string {
+	if s.server {
+		return "client"
+	}
+	return "server"
+}
+
+// cmEnd ends the connections: the data connections, then the channel,
+// each as cmDisconnectData does (the capture shows perftest's server
+// disconnecting both), then lingers so that the last DREP and ACKs leave.
+func (s *session) cmEnd(orderly bool) {
+	s.cmDisconnectData(orderly)
+	if s.ch == nil {
+		return
+	}
+	c := s.ch.CM()
+	if orderly {
+		if s.server {
+			_ = c.Disconnect()
+		}
+		select {
+		case <-c.Done():
+		case <-time.After(cmDisconnectWait):
+		}
+	}
+	s.ch.Close()
+	time.Sleep(ptLinger)
+}
+
+// cmClose releases what -R opened (after a failure: nothing orderly).
+func (s *session) cmClose() {
+	s.cmDisconnectData(false)
+	if s.ch != nil {
+		s.ch.Close()
+	}
+	if s.lst != nil {
+		s.lst.Close()
+	}
+	if s.cm != nil {
+		s.cm.Close()
+	}
+}
+
+// cmCounters returns the CM's non-zero counters: MADs sent and received
+// by message, retransmissions, duplicates, rejects; and the messages of
+// the exchange the channel carried.
+func (s *session) cmCounters() []namedCount {
+	if s.cm == nil {
+		return nil
+	}
+	ctr := s.cm.Counters()
+	var out []namedCount
+	add := func(name string, v uint64) {
+		if v != 0 {
+			out = append(out, namedCount{name, v})
+		}
+	}
+	for i, m := range []string{"req", "mra", "rej", "rep", "rtu", "dreq", "drep"} {
+		add("cm_"+m+"_sent", ctr.Sent[i].Load())
+		add("cm_"+m+"_rcvd", ctr.Received[i].Load())
+	}
+	add("cm_retransmits", ctr.Retransmits.Load())
+	add("cm_duplicates", ctr.Duplicates.Load())
+	add("cm_unknown_comm_id", ctr.UnknownCommID.Load())
+	add("cm_unsupported", ctr.Unsupported.Load())
+	add("cm_malformed", ctr.Malformed.Load())
+	add("cm_send_no_buffer", ctr.SendNoBuffer.Load())
+	add("cm_backlog_overflow", ctr.BacklogOverflow.Load())
+	if s.ch != nil { // the exchange's SENDs over the channel
+		sent, rcvd := s.ch.Messages()
+		add("cm_channel_sent", sent)
+		add("cm_channel_rcvd", rcvd)
+	}
+	return out
+}
+
+type namedCount struct {
+	name string
+	v    uint64
+}
+
+// resolveIP returns the IP host names (a name or an IP).
+func resolveIP(ctx context.Context, host string) (netip.Addr, error) {
+	if ip, err := netip.ParseAddr(host); err == nil {
+		return ip.Unmap(), nil
+	}
+	ips, err := net.DefaultResolver.LookupNetIP(ctx, "ip", host)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	if len(ips) == 0 {
+		return netip.Addr{}, fmt.Errorf("%s: no address", host)
+	}
+	return ips[0].Unmap(), nil
+}
+
+// routeIP returns the local IP the kernel routes towards dst from.
+func routeIP(dst netip.Addr) (netip.Addr, error) {
+	c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(dst, DefServerPort)))
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("no route to %v: %w", dst, err)
+	}
+	defer c.Close()
+	return c.LocalAddr().(*net.UDPAddr).AddrPort().Addr().Unmap(), nil
+}
+
+// defaultIP is the -R server's device IP without --bind: the host's only
+// non-loopback, non-link-local address, IPv4 preferred (perftest's server
+// listens on every address; a softrdma device has one).
+func defaultIP() (netip.Addr, error) {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("-R: the device's address: %w (give it with --bind)", err)
+	}
+	var v4, v6 []netip.Addr
+	for _, a := range addrs {
+		pfx, err := netip.ParsePrefix(a.String())
+		if err != nil {
+			continue
+		}
+		ip := pfx.Addr().Unmap()
+		if ip.IsLoopback() || ip.IsLinkLocalUnicast() || ip.IsUnspecified() || ip.IsMulticast() {
+			continue
+		}
+		if ip.Is4() {
+			v4 = append(v4, ip)
+		} else {
+			v6 = append(v6, ip)
+		}
+	}
+	switch {
+	case len(v4) == 1:
+		return v4[0], nil
+	case len(v4) == 0 && len(v6) == 1:
+		return v6[0], nil
+	case len(v4)+len(v6) == 0:
+		return netip.Addr{}, errors.New("-R: this host has no address but loopback for the device: give one with --bind")
+	}
+	all := slices.Concat(v4, v6)
+	return netip.Addr{}, fmt.Errorf("-R: this host has several addresses (%v): choose the device's with --bind", all)
+}
