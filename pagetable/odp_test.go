@@ -27,6 +27,10 @@ func newODP(t testing.TB, as *hostmem.AddressSpace, pages int, b *pagetable.Budg
 	t.Helper()
 	mem, err := as.Alloc(pages * ps)
 	require.NoError(t, err)
+	// Cleanups run last first: the table goes, then the memory (if the
+	// test has not freed it), so that benchmarks run many times over one
+	// address space.
+	t.Cleanup(func() { _ = as.Free(hostmem.AddrOf(mem), len(mem)) })
 	tab, err := pagetable.NewODP(as, hostmem.AddrOf(mem), uint64(len(mem)), true, b)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = tab.Release() })
