@@ -54,6 +54,8 @@ func madvisePerPage(b *testing.B, rounds int) float64 {
 //     invalidated): issue 3's target, under 500 ns;
 //   - apptouched: the application wrote the page, the NIC never mapped it
 //     (the same target: the host already holds the page);
+//   - migrated: the first fault of a page after Migrate moved it to a new
+//     frame (the host holds it);
 //   - fresh: a page nobody has touched; reported with x-madvise, its ratio
 //     to MADV_POPULATE_WRITE of one never-touched page of a plain memfd
 //     mapping, measured in the same run (target at most 1.3);
@@ -124,6 +126,22 @@ func BenchmarkODPFault(b *testing.B) {
 			for k := range benchRegion {
 				m[k*ps] = 1
 			}
+		})
+	})
+	b.Run("migrated", func(b *testing.B) {
+		mem, tab := newODP(b, as, benchRegion, nil)
+		base := hostmem.AddrOf(mem)
+		for k := range benchRegion {
+			mem[k*ps] = 1
+		}
+		perPage(b, tab, base, func() {
+			// The pages move to new frames (the migration invalidates
+			// the table).
+			m, err := as.Migrate(base, benchRegion)
+			if err != nil {
+				b.Fatal(err)
+			}
+			m.Release()
 		})
 	})
 	b.Run("fresh", func(b *testing.B) {
