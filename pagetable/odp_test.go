@@ -516,3 +516,53 @@ func TestODPCopiesRacingHostChangesNeverCrash(t *testing.T) {
 	require.Equal(t, pagetable.OK, r)
 	require.Equal(t, "last", string(mem[ps:ps+4]))
 }
+
+// TestODPNoPopulateMapsOnlyHeldPages: FaultNoPopulate (PREFETCH_NO_FAULT)
+// maps the pages the host holds, whether the NIC resolved them before or
+// only the application touched them, and skips the others without
+// populating them. Pages the host knows to hold cost no system call; the
+// others one mincore per run, after which held ones are known.
+func TestODPNoPopulateMapsOnlyHeldPages(t *testing.T) {
+	as := newAS(t, 16<<20)
+	mem, tab := newODP(t, as, 8, nil)
+	base := hostmem.AddrOf(mem)
+	page := func(p int) uint64 { return base + uint64(p)*ps }
+	// Page 0: the NIC resolved and wrote it, then lost it. Pages 2 and 5:
+	// the application wrote them. The rest: nobody.
+	_, err := tab.Fault(page(0), 1, pagetable.FaultWrite)
+	require.NoError(t, err)
+	_, r := tab.CopyIn(page(0), []byte{1})
+	require.Equal(t, pagetable.OK, r)
+	tab.InvalidateRange(page(0), ps)
+	mem[2*ps], mem[5*ps] = 2, 5
+
+	st0 := as.Stats()
+	made, err := tab.Fault(base, 8*ps, pagetable.FaultNoPopulate|pagetable.FaultPrefetch)
+	require.NoError(t, err)
+	require.Equal(t, 3, made)
+	for p := range 8 {
+		require.Equal(t, p == 0 || p == 2 || p == 5, tab.PresentAt(page(p)), "page %d", p)
+	}
+	st := as.Stats()
+	require.Equal(t, st0.Populated, st.Populated, "nothing populated")
+	require.Positive(t, st.Syscalls-st0.Syscalls, "mincore for the pages not known")
+	for _, p := range []int{1, 3, 4, 6, 7} {
+		_, err := as.Resolve(page(p), hostmem.ResolveNoFault)
+		require.ErrorIs(t, err, hostmem.ErrNotResident, "page %d was populated", p)
+	}
+	require.EqualValues(t, 3, tab.Stats().PagePrefetch)
+
+	// Now all three are known: mapping them again makes no system call.
+	tab.InvalidateRange(base, 8*ps)
+	st0 = as.Stats()
+	for _, p := range []int{0, 2, 5} {
+		made, err := tab.Fault(page(p), ps, pagetable.FaultNoPopulate|pagetable.FaultWrite)
+		require.NoError(t, err)
+		require.Equal(t, 1, made)
+	}
+	require.Equal(t, st0.Syscalls, as.Stats().Syscalls)
+	buf := make([]byte, 1)
+	_, r = tab.CopyOut(page(5), buf)
+	require.Equal(t, pagetable.OK, r)
+	require.Equal(t, byte(5), buf[0])
+}
