@@ -632,6 +632,9 @@ func (s *AddressSpace) ResolveRange(addr uint64, out []Page, acc Access) (int, e
 	if uintptr(len(out)) > s.npages-p {
 		return 0, ErrNotMapped
 	}
+	if acc&(ResolvePopulate|ResolveNoFault) == 0 {
+		return s.resolvePlain(p, out, acc)
+	}
 	var vals [64]uint64 // entry values of the pages being settled
 	for i := 0; i < len(out); {
 		// Gather up to len(vals) mapped pages, stopping at one that
@@ -666,6 +669,33 @@ func (s *AddressSpace) ResolveRange(addr uint64, out []Page, acc Access) (int, e
 		i += run
 		if ferr != nil {
 			return i, ferr
+		}
+	}
+	return len(out), nil
+}
+
+// resolvePlain is ResolveRange without ResolvePopulate and ResolveNoFault,
+// the fault handler's path: no system call, and no scratch array to clear.
+func (s *AddressSpace) resolvePlain(p uintptr, out []Page, acc Access) (int, error) {
+	for i := range out {
+		e := s.pte(p + uintptr(i))
+		if e == nil {
+			return i, ErrNotMapped
+		}
+		v := e.Load()
+		if v&pteFrame == 0 {
+			return i, ErrNotMapped
+		}
+		f := Frame(v&pteFrame - 1)
+		out[i] = Page{Frame: f, NIC: unsafe.Add(s.nicBase, uintptr(f)<<PageShift), Writable: v&pteReadOnly == 0}
+		if acc&ResolveWrite != 0 && v&pteReadOnly != 0 {
+			return i, ErrReadOnly
+		}
+		if v&ptePopulated == 0 {
+			// Held from now on: the caller's copy touches it. Lose
+			// the race with a Free or Migrate quietly: the entry is
+			// theirs then, and the caller's ReadRetry will say so.
+			e.CompareAndSwap(v, v|ptePopulated)
 		}
 	}
 	return len(out), nil

@@ -56,12 +56,18 @@ func madvisePerPage(b *testing.B, rounds int) float64 {
 //     (the same target: the host already holds the page);
 //   - migrated: the first fault of a page after Migrate moved it to a new
 //     frame (the host holds it);
-//   - fresh: a page nobody has touched; reported with x-madvise, its ratio
-//     to MADV_POPULATE_WRITE of one never-touched page of a plain memfd
-//     mapping, measured in the same run (target at most 1.3);
+//   - fresh: a page nobody has touched (the copy's page fault populates
+//     it); reported with x-madvise, its ratio to MADV_POPULATE_WRITE of one
+//     never-touched page of a plain memfd mapping, measured in the same run
+//     (target at most 1.3);
+//   - apptouched-populate, fresh-populate: the same with FaultPopulate,
+//     the other design (the handler populates every page it does not know
+//     to be held, one MADV_POPULATE_WRITE on the application's view), as
+//     the rnr policy's background fault and prefetch do;
 //   - invalidate: InvalidateRange of one present page (clear, then wait for
 //     copies in flight);
-//   - prefetch: PREFETCH_WRITE of held pages, 64 per call, per page.
+//   - prefetch: PREFETCH_WRITE of held pages (AdviseMR's flags), 64 per
+//     call, per page.
 //
 // Each round covers benchRegion pages; the timer stops between rounds.
 func BenchmarkODPFault(b *testing.B) {
@@ -69,7 +75,7 @@ func BenchmarkODPFault(b *testing.B) {
 	src := make([]byte, 64)
 	// perPage runs the timed loop: setup (untimed) before each round of
 	// benchRegion pages, then Fault + first copy of each page.
-	perPage := func(b *testing.B, tab *pagetable.ODP, base uint64, setup func()) {
+	perPage := func(b *testing.B, tab *pagetable.ODP, base uint64, fl pagetable.FaultFlags, setup func()) {
 		setup()
 		b.ReportAllocs()
 		b.ResetTimer()
@@ -81,7 +87,7 @@ func BenchmarkODPFault(b *testing.B) {
 				b.StartTimer()
 			}
 			va := base + uint64(k)*ps
-			if _, err := tab.Fault(va, 1, pagetable.FaultWrite); err != nil {
+			if _, err := tab.Fault(va, 1, pagetable.FaultWrite|fl); err != nil {
 				b.Fatal(err)
 			}
 			if _, r := tab.CopyIn(va, src); r != pagetable.OK {
@@ -114,27 +120,32 @@ func BenchmarkODPFault(b *testing.B) {
 				b.Fatal(r)
 			}
 		}
-		perPage(b, tab, base, func() { tab.InvalidateRange(base, benchRegion*ps) })
+		perPage(b, tab, base, 0, func() { tab.InvalidateRange(base, benchRegion*ps) })
 	})
-	b.Run("apptouched", func(b *testing.B) {
-		mem, tab := newODP(b, as, benchRegion, nil)
-		base := hostmem.AddrOf(mem)
-		perPage(b, tab, base, func() {
-			// New frames, written by the application only (its Free
-			// invalidated the table).
-			m := remap(b, base)
-			for k := range benchRegion {
-				m[k*ps] = 1
-			}
+	for _, c := range []struct {
+		name string
+		fl   pagetable.FaultFlags
+	}{{"apptouched", 0}, {"apptouched-populate", pagetable.FaultPopulate}} {
+		b.Run(c.name, func(b *testing.B) {
+			mem, tab := newODP(b, as, benchRegion, nil)
+			base := hostmem.AddrOf(mem)
+			perPage(b, tab, base, c.fl, func() {
+				// New frames, written by the application only (its
+				// Free invalidated the table).
+				m := remap(b, base)
+				for k := range benchRegion {
+					m[k*ps] = 1
+				}
+			})
 		})
-	})
+	}
 	b.Run("migrated", func(b *testing.B) {
 		mem, tab := newODP(b, as, benchRegion, nil)
 		base := hostmem.AddrOf(mem)
 		for k := range benchRegion {
 			mem[k*ps] = 1
 		}
-		perPage(b, tab, base, func() {
+		perPage(b, tab, base, 0, func() {
 			// The pages move to new frames (the migration invalidates
 			// the table).
 			m, err := as.Migrate(base, benchRegion)
@@ -144,16 +155,21 @@ func BenchmarkODPFault(b *testing.B) {
 			m.Release()
 		})
 	})
-	b.Run("fresh", func(b *testing.B) {
-		mem, tab := newODP(b, as, benchRegion, nil)
-		base := hostmem.AddrOf(mem)
-		perPage(b, tab, base, func() { remap(b, base) })
-		b.StopTimer()
-		per := float64(b.Elapsed().Nanoseconds()) / float64(b.N)
-		base0 := madvisePerPage(b, max(1, min(8, b.N/benchRegion)))
-		b.ReportMetric(base0, "madvise-ns/page")
-		b.ReportMetric(per/base0, "x-madvise")
-	})
+	for _, c := range []struct {
+		name string
+		fl   pagetable.FaultFlags
+	}{{"fresh", 0}, {"fresh-populate", pagetable.FaultPopulate}} {
+		b.Run(c.name, func(b *testing.B) {
+			mem, tab := newODP(b, as, benchRegion, nil)
+			base := hostmem.AddrOf(mem)
+			perPage(b, tab, base, c.fl, func() { remap(b, base) })
+			b.StopTimer()
+			per := float64(b.Elapsed().Nanoseconds()) / float64(b.N)
+			base0 := madvisePerPage(b, max(1, min(8, b.N/benchRegion)))
+			b.ReportMetric(base0, "madvise-ns/page")
+			b.ReportMetric(per/base0, "x-madvise")
+		})
+	}
 	b.Run("invalidate", func(b *testing.B) {
 		mem, tab := newODP(b, as, benchRegion, nil)
 		base := hostmem.AddrOf(mem)
@@ -191,7 +207,8 @@ func BenchmarkODPFault(b *testing.B) {
 			b.StopTimer()
 			tab.InvalidateRange(base+uint64(k)*ps, chunk*ps)
 			b.StartTimer()
-			if _, err := tab.Fault(base+uint64(k)*ps, chunk*ps, pagetable.FaultWrite|pagetable.FaultPrefetch); err != nil {
+			if _, err := tab.Fault(base+uint64(k)*ps, chunk*ps,
+				pagetable.FaultWrite|pagetable.FaultPrefetch|pagetable.FaultPopulate); err != nil {
 				b.Fatal(err)
 			}
 		}
