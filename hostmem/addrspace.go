@@ -110,8 +110,16 @@ const (
 //     under the same addresses;
 //   - the NIC's view is a second MAP_SHARED mapping of the whole memfd, so
 //     frame f is at a fixed NIC address for the life of the AddressSpace
-//     (the physical address of this world: a NIC DMAs to frames, never
-//     through the application's page tables).
+//     (the physical address of this world). Pinned tables (Pin) and
+//     migrations use it.
+//
+// On-demand (ODP) tables copy through the application's view instead, as
+// a NIC with ATS/PRI or an SVA device walks the process's page tables: a
+// page the application holds is then reached with no system call and no
+// page fault. They may, because every change to the application's view
+// (Free, Migrate, Protect to read-only) invalidates first and waits for
+// the copies in flight, so no copy meets an address being unmapped,
+// remapped or write-protected.
 //
 // There is one AddressSpace per application process (per mm), not per
 // device: any number of devices register memory regions on it and
