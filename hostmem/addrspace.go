@@ -619,9 +619,37 @@ func (s *AddressSpace) Mapped(addr uint64, write bool) bool {
 // migration of the page may fail or populate the new frame; ReadRetry
 // tells the caller to resolve again.
 func (s *AddressSpace) Resolve(addr uint64, acc Access) (Page, error) {
-	var out [1]Page
-	_, err := s.ResolveRange(addr, out[:], acc)
-	return out[0], err
+	if acc&(ResolvePopulate|ResolveNoFault) != 0 {
+		var out [1]Page
+		_, err := s.ResolveRange(addr, out[:], acc)
+		return out[0], err
+	}
+	// The plain case without ResolveRange's loop (resolvePlain for one
+	// page).
+	if s.closed.Load() {
+		return Page{}, ErrClosed
+	}
+	p, ok := s.pageOf(addr)
+	if !ok {
+		return Page{}, ErrNotMapped
+	}
+	e := s.pte(p)
+	if e == nil {
+		return Page{}, ErrNotMapped
+	}
+	v := e.Load()
+	if v&pteFrame == 0 {
+		return Page{}, ErrNotMapped
+	}
+	f := Frame(v&pteFrame - 1)
+	pg := Page{Frame: f, NIC: unsafe.Add(s.nicBase, uintptr(f)<<PageShift), Writable: v&pteReadOnly == 0}
+	if acc&ResolveWrite != 0 && !pg.Writable {
+		return pg, ErrReadOnly
+	}
+	if v&ptePopulated == 0 {
+		e.CompareAndSwap(v, v|ptePopulated) // as in resolvePlain
+	}
+	return pg, nil
 }
 
 // ResolveRange is Resolve for len(out) consecutive pages from addr's page,
