@@ -602,7 +602,11 @@ func (t *ODP) faultBatch(pg uint64, pgs []hostmem.Page, need Flags, acc hostmem.
 		case got == len(pgs):
 			return made, got, nil
 		case skip:
-			// A page the host does not hold: skipped.
+			// A page the host does not hold: skipped. The pages after it
+			// are the next batch's, which counts them.
+			if fl&FaultPrefetch == 0 {
+				t.stats.faults.Add(-int64(len(pgs) - got - 1))
+			}
 			return made, got + 1, nil
 		}
 		return made, got, fmt.Errorf("%w: %#x: %w", ErrFault, addr+uint64(got)<<PageShift, err)

@@ -566,3 +566,19 @@ func TestODPNoPopulateMapsOnlyHeldPages(t *testing.T) {
 	require.Equal(t, pagetable.OK, r)
 	require.Equal(t, byte(5), buf[0])
 }
+
+// TestODPNoPopulateCountsEachPageOnce: FaultNoPopulate without
+// FaultPrefetch counts the pages it was asked for once each, although the
+// pages it skips split its batches.
+func TestODPNoPopulateCountsEachPageOnce(t *testing.T) {
+	as := newAS(t, 16<<20)
+	mem, tab := newODP(t, as, 8, nil)
+	base := hostmem.AddrOf(mem)
+	mem[2*ps], mem[5*ps] = 1, 1
+	made, err := tab.Fault(base, 8*ps, pagetable.FaultNoPopulate)
+	require.NoError(t, err)
+	require.Equal(t, 2, made)
+	st := tab.Stats()
+	require.EqualValues(t, 8, st.PageFaults)
+	require.EqualValues(t, 2, st.PageFaultsHandled)
+}

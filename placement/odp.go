@@ -357,10 +357,11 @@ const maxAsyncFaults = 16
 
 // AdviseMR gives advice about ranges of ODP MRs of pd (ibv_advise_mr): each
 // SGE names a range of the MR whose lkey it carries. PREFETCH and
-// PREFETCH_WRITE make the pages present (readable, or writable), populating
-// those the host has never touched (FaultPopulate); PREFETCH_NO_FAULT maps
-// only the pages the host holds. With AdviseFlagFlush the call returns when the
-// translations are installed; without it the work runs in the background
+// PREFETCH_WRITE make the pages present (readable, or writable),
+// populating those the host has never touched (FaultPopulate);
+// PREFETCH_NO_FAULT maps only the pages the host holds. With
+// AdviseFlagFlush the call returns when the translations are installed;
+// without it the work runs in the background
 // and AdviseMR returns at once (best effort: a page that cannot be faulted
 // in is skipped). Prefetched pages count as page_prefetch.
 //
