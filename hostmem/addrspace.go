@@ -737,10 +737,10 @@ func (s *AddressSpace) resolvePlain(p uintptr, out []Page, acc Access) (int, err
 	return len(out), nil
 }
 
-// settle does what acc asks for the pages from page p whose entries had the
-// values vals, for those not known to be held: populate them, check that
-// they are resident, or (neither) only mark them. It returns how many
-// pages are settled before an error.
+// settle does what acc (ResolvePopulate or ResolveNoFault) asks for the
+// pages from page p whose entries had the values vals, for those not known
+// to be held: populate them, or check that they are resident; then mark
+// them held. It returns how many pages are settled before an error.
 func (s *AddressSpace) settle(p uintptr, vals []uint64, acc Access) (int, error) {
 	mark := func(i, j int) {
 		for k := i; k < j; k++ {
@@ -751,10 +751,6 @@ func (s *AddressSpace) settle(p uintptr, vals []uint64, acc Access) (int, error)
 				s.pte(p+uintptr(k)).CompareAndSwap(vals[k], vals[k]|ptePopulated)
 			}
 		}
-	}
-	if acc&(ResolvePopulate|ResolveNoFault) == 0 {
-		mark(0, len(vals))
-		return len(vals), nil
 	}
 	for i := 0; i < len(vals); {
 		if vals[i]&ptePopulated != 0 {
