@@ -77,7 +77,9 @@ func read(t *testing.T, s *softrdmatest.Side, dst *softrdma.MR, off uint64, n in
 
 // TestODPFirstWriteFaultsEachPageOnce: a WRITE into an ODP MR the host has
 // never touched faults each of its pages in exactly once and lands
-// byte-exact; a second WRITE of the same range faults nothing.
+// byte-exact; a second WRITE of the same range faults nothing. Under sync
+// the faults make no system call (the copies' first touch populates the
+// pages); under rnr the background fault populates each page once.
 func TestODPFirstWriteFaultsEachPageOnce(t *testing.T) {
 	odpPolicies(t, func(t *testing.T, o softrdmatest.Options) {
 		p := softrdmatest.NewPair(t, o)
@@ -86,7 +88,7 @@ func TestODPFirstWriteFaultsEachPageOnce(t *testing.T) {
 		dst, dstMR := odpAlloc(t, p.B, pages*pageSize, rw)
 		require.True(t, dstMR.ODP())
 		require.Equal(t, 0, dstMR.ODPTable().Present(), "an ODP MR starts with no page present")
-		asBefore := mustAS(t, p.B).Stats().Populated
+		asBefore := mustAS(t, p.B).Stats()
 
 		fill(1, src)
 		write(t, p.A, srcMR, 0, len(src), dstMR, dstMR.Addr())
@@ -94,7 +96,14 @@ func TestODPFirstWriteFaultsEachPageOnce(t *testing.T) {
 		st := dstMR.ODPStats()
 		require.EqualValues(t, pages, st.PageFaultsHandled, "pages made present")
 		require.EqualValues(t, pages, st.PageFaults, "each page faults exactly once")
-		require.EqualValues(t, pages, mustAS(t, p.B).Stats().Populated-asBefore, "the host populated each never-touched page once")
+		asAfter := mustAS(t, p.B).Stats()
+		if o.FaultPolicy == softrdma.FaultRNR {
+			require.EqualValues(t, pages, asAfter.Populated-asBefore.Populated,
+				"the background fault populated each never-touched page once")
+		} else {
+			require.Zero(t, asAfter.Syscalls-asBefore.Syscalls, "inline faults make no system call")
+			require.Zero(t, asAfter.Populated-asBefore.Populated, "the copies' first touch populated the pages")
+		}
 		require.Positive(t, st.Faults)
 		require.Greater(t, st.FaultMaxus, 0.0)
 
@@ -461,4 +470,94 @@ func TestODPRNRMessageOverBudget(t *testing.T) {
 	require.True(t, bytes.Equal(src, back))
 	require.LessOrEqual(t, p.B.Dev.ODPBudget().Peak(), int64(budget/pageSize))
 	require.Positive(t, counter(p.B.Dev, "odp_rnr_naks"))
+}
+
+// TestODPWriteAfterMigrateLandsInNewFrame: ODP MRs reach memory through the
+// application's view, which a migration remaps. A WRITE after Migrate
+// lands in the new frames (the application reads it), and the old frames
+// keep what they held at the switch.
+func TestODPWriteAfterMigrateLandsInNewFrame(t *testing.T) {
+	odpPolicies(t, func(t *testing.T, o softrdmatest.Options) {
+		p := softrdmatest.NewPair(t, o)
+		const pages = 4
+		src, srcMR := reg(t, p.A, pages*pageSize, rw)
+		dst, dstMR := odpAlloc(t, p.B, pages*pageSize, rw)
+		as := mustAS(t, p.B)
+		addr := hostmem.AddrOf(dst)
+		fill(31, src)
+		write(t, p.A, srcMR, 0, len(src), dstMR, addr)
+
+		m, err := as.Migrate(addr, pages)
+		require.NoError(t, err)
+		defer m.Release()
+		require.Zero(t, dstMR.ODPTable().Present(), "the migration invalidated the MR")
+		old := make([][]byte, pages)
+		for i, f := range m.Old {
+			old[i] = bytes.Clone(as.FrameBytes(f))
+			require.Equal(t, src[i*pageSize:(i+1)*pageSize], old[i])
+		}
+
+		fill(32, src)
+		write(t, p.A, srcMR, 0, len(src), dstMR, addr)
+		require.True(t, bytes.Equal(src, dst), "the application reads the WRITE after the migration")
+		for i := range pages {
+			f, _ := as.FrameOf(addr + uint64(i)*pageSize)
+			require.Equal(t, m.New[i], f)
+			require.Equal(t, src[i*pageSize:(i+1)*pageSize], as.FrameBytes(m.New[i]), "page %d: new frame", i)
+			require.Equal(t, old[i], as.FrameBytes(m.Old[i]), "page %d: old frame changed", i)
+		}
+	})
+}
+
+// TestODPFreedMemoryIsRemoteAccessError: a READ and an atomic naming memory
+// the application freed get a remote access error (as a WRITE does, in
+// TestODPFreeThenAllocSeesNewPages): nothing touches the unmapped view.
+func TestODPFreedMemoryIsRemoteAccessError(t *testing.T) {
+	odpPolicies(t, func(t *testing.T, o softrdmatest.Options) {
+		for _, op := range []softrdma.WROpcode{softrdma.WRRDMARead, softrdma.WRAtomicFetchAndAdd} {
+			t.Run(op.String(), func(t *testing.T) {
+				p := softrdmatest.NewPair(t, o)
+				as := mustAS(t, p.B)
+				buf, err := as.Alloc(2 * pageSize)
+				require.NoError(t, err)
+				addr := hostmem.AddrOf(buf)
+				mr, err := p.B.Dev.RegMRAddr(p.B.PD, addr, 2*pageSize, rw|softrdma.AccessRemoteAtomic|softrdma.AccessOnDemand)
+				require.NoError(t, err)
+				defer func() { require.NoError(t, p.B.Dev.DeregMR(mr)) }()
+				local, localMR := reg(t, p.A, pageSize, rw)
+				// Present first, so that the Free has entries to invalidate.
+				read(t, p.A, localMR, 0, 64, mr, addr+pageSize-32)
+				require.Equal(t, 2, mr.ODPTable().Present())
+
+				require.NoError(t, as.Free(addr, 2*pageSize))
+				fill(9, local)
+				_, err = p.A.QP.PostSend(softrdma.SendWR{Opcode: op, Flags: softrdma.SendSignaled, CompareAdd: 1,
+					SGL:        []softrdma.SGE{{Addr: localMR.Addr(), Length: 8, LKey: localMR.LKey()}},
+					RemoteAddr: addr + pageSize, RKey: mr.RKey()})
+				require.NoError(t, err)
+				require.Equal(t, softrdma.WCRemAccessErr, waitWC(t, p.A.CQ, 1)[0].Status)
+				require.Positive(t, counter(p.B.Dev, "odp_fault_errors"))
+			})
+		}
+	})
+}
+
+// TestODPReadOfAppTouchedPagesMakesNoSyscall: pages the application wrote
+// and the NIC never mapped are faulted in with no system call in the host
+// (the copies use the application's own mapping), under both policies
+// (a READ's responses fault inline).
+func TestODPReadOfAppTouchedPagesMakesNoSyscall(t *testing.T) {
+	odpPolicies(t, func(t *testing.T, o softrdmatest.Options) {
+		p := softrdmatest.NewPair(t, o)
+		const pages = 16
+		buf, mr := odpAlloc(t, p.B, pages*pageSize, rw)
+		back, backMR := reg(t, p.A, pages*pageSize, rw)
+		fill(41, buf) // the application writes every page
+		st0 := mustAS(t, p.B).Stats()
+		read(t, p.A, backMR, 0, len(back), mr, mr.Addr())
+		require.True(t, bytes.Equal(buf, back))
+		st := mustAS(t, p.B).Stats()
+		require.Zero(t, st.Syscalls-st0.Syscalls, "no system call to fault in pages the application holds")
+		require.EqualValues(t, pages, mr.ODPStats().PageFaultsHandled)
+	})
 }

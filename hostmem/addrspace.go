@@ -71,23 +71,33 @@ type Frame uint32
 // Page is what Resolve reports about one application page.
 type Page struct {
 	Frame Frame
-	// NIC is the NIC-side address of the page's first byte (inside the
-	// NIC mapping, which stays mapped until Close).
+	// NIC is the frame's address in the NIC's view (FramePointer), which
+	// stays mapped until Close: where pinned tables and migrations copy.
+	// ODP tables copy through the application's view instead
+	// (AppPointer), which follows the page map.
 	NIC unsafe.Pointer
 	// Writable: the application may write the page, so the NIC may too.
 	Writable bool
 }
 
-// Access says what Resolve is asked for.
+// Access says what Resolve is asked for. Without ResolvePopulate or
+// ResolveNoFault, Resolve makes no system call: a page whose memory does
+// not exist yet is populated by the kernel's page fault at the caller's
+// first access through the application's view.
 type Access uint8
 
 const (
 	// ResolveWrite: the NIC will write the page. Resolve fails with
 	// ErrReadOnly if the application's mapping is read-only.
 	ResolveWrite Access = 1 << iota
-	// ResolveNoFault: do not populate. Resolve fails with ErrNotResident if
-	// the page has never been touched (ibv_advise_mr's PREFETCH_NO_FAULT).
+	// ResolveNoFault: populate nothing, and fail with ErrNotResident for
+	// a page the host does not hold (ibv_advise_mr's PREFETCH_NO_FAULT).
 	ResolveNoFault
+	// ResolvePopulate: populate now the pages not known to be held, with
+	// one MADV_POPULATE_WRITE (_READ for a read-only page) per run on the
+	// application's view, so that the caller's first access takes no page
+	// fault. For work off the data path: prefetch, background faults.
+	ResolvePopulate
 )
 
 // AddressSpace is the address space of one application: the analogue of a
@@ -100,8 +110,16 @@ const (
 //     under the same addresses;
 //   - the NIC's view is a second MAP_SHARED mapping of the whole memfd, so
 //     frame f is at a fixed NIC address for the life of the AddressSpace
-//     (the physical address of this world: a NIC DMAs to frames, never
-//     through the application's page tables).
+//     (the physical address of this world). Pinned tables (Pin) and
+//     migrations use it.
+//
+// On-demand (ODP) tables copy through the application's view instead, as
+// a NIC with ATS/PRI or an SVA device walks the process's page tables: a
+// page the application holds is then reached with no system call and no
+// page fault. They may, because every change to the application's view
+// (Free, Migrate, Protect to read-only) invalidates first and waits for
+// the copies in flight, so no copy meets an address being unmapped,
+// remapped or write-protected.
 //
 // There is one AddressSpace per application process (per mm), not per
 // device: any number of devices register memory regions on it and
@@ -155,6 +173,7 @@ type AddressSpace struct {
 
 	stats struct {
 		populated     atomic.Int64
+		syscalls      atomic.Int64
 		invalidations atomic.Int64
 		migrated      atomic.Int64
 	}
@@ -163,9 +182,15 @@ type AddressSpace struct {
 // pte layout: the frame number plus one in the low 32 bits (0: page not
 // mapped), then flags.
 const (
-	pteFrame     = 1<<32 - 1
-	pteReadOnly  = 1 << 32 // the application maps the page PROT_READ
-	ptePopulated = 1 << 33 // the frame holds a page: Resolve need not populate it
+	pteFrame    = 1<<32 - 1
+	pteReadOnly = 1 << 32 // the application maps the page PROT_READ
+	// ptePopulated: the frame is known to hold a page, so Resolve makes no
+	// system call for it whatever the Access. Set when Resolve populates
+	// it, when ResolveNoFault finds it resident, when a migration or a pin
+	// populates it, and when a plain Resolve hands it to a fault handler
+	// (whose copy, right after, touches it). A page only the application
+	// touched is not known until one of those happens.
+	ptePopulated = 1 << 33
 )
 
 const (
@@ -271,6 +296,18 @@ func (s *AddressSpace) FramePointer(f Frame) unsafe.Pointer {
 // frame that holds no page allocates nothing: it reads zeros.
 func (s *AddressSpace) FrameBytes(f Frame) []byte {
 	return unsafe.Slice((*byte)(s.FramePointer(f)), PageSize)
+}
+
+// AppPointer returns the application's view of addr, which must lie inside
+// Bounds: addr itself, as a pointer. What it points at follows the page
+// map (Alloc, Free, Migrate); an ODP table copies through it only while
+// its entries are present, which the notifier protocol ties to the
+// mapping.
+func (s *AddressSpace) AppPointer(addr uint64) unsafe.Pointer {
+	if addr < s.base || addr-s.base >= uint64(s.size) {
+		panic("hostmem: address outside the address space")
+	}
+	return unsafe.Add(s.appBase, uintptr(addr-s.base))
 }
 
 // frameRun returns the NIC's view of n frames from f.
@@ -565,19 +602,30 @@ func (s *AddressSpace) Mapped(addr uint64, write bool) bool {
 
 // Resolve is the fault handler's look-up: the frame that currently backs
 // the application page holding addr, its NIC address and whether it is
-// writable. It populates the frame (MADV_POPULATE_WRITE on the NIC view:
-// a memfd page is allocated on first touch) unless the page is known to
-// be populated already, or acc has ResolveNoFault (then a page never
-// touched is ErrNotResident, checked with mincore). ResolveWrite on a
-// read-only page is ErrReadOnly (the Page is filled in). An address not
-// mapped is ErrNotMapped.
+// writable. By default it makes no system call: the caller copies through
+// the application's view (AppPointer), where the kernel's page fault
+// populates a page nobody has touched yet, and a page the application
+// touched is already there. With ResolvePopulate it populates a page not
+// known to be held (MADV_POPULATE_WRITE on the application's view); with
+// ResolveNoFault a page the host does not hold is ErrNotResident (known
+// held, else checked with mincore). ResolveWrite on a read-only page is
+// ErrReadOnly (the Page is filled in). An address not mapped is
+// ErrNotMapped.
 //
 // Resolve takes no lock and allocates nothing. Its answer may be stale by
 // the time it returns: a fault handler calls it between a subscription's
-// ReadBegin and ReadRetry and installs the frame only if ReadRetry says no
-// invalidation ran (see Subscription). The NIC address stays mapped until
-// Close, so even a stale answer is never a dangling pointer.
+// ReadBegin and ReadRetry and installs the page only if ReadRetry says no
+// invalidation ran (see Subscription). A population that races a Free or a
+// migration of the page may fail or populate the new frame; ReadRetry
+// tells the caller to resolve again.
 func (s *AddressSpace) Resolve(addr uint64, acc Access) (Page, error) {
+	if acc&(ResolvePopulate|ResolveNoFault) != 0 {
+		var out [1]Page
+		_, err := s.ResolveRange(addr, out[:], acc)
+		return out[0], err
+	}
+	// The plain case without ResolveRange's loop (resolvePlain for one
+	// page).
 	if s.closed.Load() {
 		return Page{}, ErrClosed
 	}
@@ -599,20 +647,16 @@ func (s *AddressSpace) Resolve(addr uint64, acc Access) (Page, error) {
 		return pg, ErrReadOnly
 	}
 	if v&ptePopulated == 0 {
-		if err := s.populateFrames(f, 1, acc); err != nil {
-			return pg, err
-		}
-		// Lose the race with a Free or Migrate quietly: the entry is
-		// theirs then, and the caller's ReadRetry will say so.
-		e.CompareAndSwap(v, v|ptePopulated)
+		e.CompareAndSwap(v, v|ptePopulated) // as in resolvePlain
 	}
 	return pg, nil
 }
 
 // ResolveRange is Resolve for len(out) consecutive pages from addr's page,
-// populating each run of contiguous unpopulated frames with one system
-// call (prefetch). It returns how many pages it resolved: all of them, or
-// the index of the page that failed, with the error.
+// with one system call per run of pages that need one (ResolvePopulate,
+// ResolveNoFault). It returns how many pages it resolved: all of them, or
+// the index of the page that failed, with the error (out is filled in up
+// to that page, and that page too for ErrReadOnly and ErrNotResident).
 func (s *AddressSpace) ResolveRange(addr uint64, out []Page, acc Access) (int, error) {
 	if s.closed.Load() {
 		return 0, ErrClosed
@@ -624,75 +668,159 @@ func (s *AddressSpace) ResolveRange(addr uint64, out []Page, acc Access) (int, e
 	if uintptr(len(out)) > s.npages-p {
 		return 0, ErrNotMapped
 	}
-	var vals [64]uint64 // entry values of the run being populated
+	if acc&(ResolvePopulate|ResolveNoFault) == 0 {
+		return s.resolvePlain(p, out, acc)
+	}
+	var vals [64]uint64 // entry values of the pages being settled
 	for i := 0; i < len(out); {
-		// Gather a run: pages whose frames are contiguous and unpopulated.
+		// Gather up to len(vals) mapped pages, stopping at one that
+		// fails.
 		run := 0
+		var ferr error
 		for i+run < len(out) && run < len(vals) {
 			e := s.pte(p + uintptr(i+run))
 			if e == nil {
+				ferr = ErrNotMapped
 				break
 			}
 			v := e.Load()
 			if v&pteFrame == 0 {
+				ferr = ErrNotMapped
 				break
 			}
 			f := Frame(v&pteFrame - 1)
-			pg := Page{Frame: f, NIC: unsafe.Add(s.nicBase, uintptr(f)<<PageShift), Writable: v&pteReadOnly == 0}
-			if acc&ResolveWrite != 0 && !pg.Writable {
-				out[i+run] = pg
+			out[i+run] = Page{Frame: f, NIC: unsafe.Add(s.nicBase, uintptr(f)<<PageShift), Writable: v&pteReadOnly == 0}
+			if acc&ResolveWrite != 0 && v&pteReadOnly != 0 {
+				ferr = ErrReadOnly
 				break
 			}
-			if run > 0 && (v&ptePopulated != 0) != (vals[0]&ptePopulated != 0) ||
-				run > 0 && f != out[i+run-1].Frame+1 {
-				break
-			}
-			out[i+run], vals[run] = pg, v
+			vals[run] = v
 			run++
 		}
-		if run == 0 {
-			_, err := s.Resolve(s.base+uint64(p+uintptr(i))<<PageShift, acc)
-			return i, err
-		}
-		if vals[0]&ptePopulated == 0 {
-			if err := s.populateFrames(out[i].Frame, run, acc); err != nil {
-				return i, err
-			}
-			for k := range run {
-				s.pte(p+uintptr(i+k)).CompareAndSwap(vals[k], vals[k]|ptePopulated)
+		if run > 0 {
+			if k, err := s.settle(p+uintptr(i), vals[:run], acc); err != nil {
+				return i + k, err
 			}
 		}
 		i += run
+		if ferr != nil {
+			return i, ferr
+		}
 	}
 	return len(out), nil
 }
 
-// populateFrames allocates the memory of n frames from f, or with
-// ResolveNoFault checks that it exists.
-func (s *AddressSpace) populateFrames(f Frame, n int, acc Access) error {
-	first := uintptr(s.FramePointer(f))
-	if acc&ResolveNoFault != 0 {
-		var vec [64]byte
-		for done := 0; done < n; done += len(vec) {
-			k := min(n-done, len(vec))
-			_, _, e := unix.Syscall(unix.SYS_MINCORE, first+uintptr(done)<<PageShift, uintptr(k)<<PageShift,
-				uintptr(unsafe.Pointer(&vec[0])))
-			if e != 0 {
-				return fmt.Errorf("hostmem: mincore: %w", e)
-			}
-			for _, v := range vec[:k] {
-				if v&1 == 0 {
-					return ErrNotResident
-				}
+// resolvePlain is ResolveRange without ResolvePopulate and ResolveNoFault,
+// the fault handler's path: no system call, and no scratch array to clear.
+func (s *AddressSpace) resolvePlain(p uintptr, out []Page, acc Access) (int, error) {
+	for i := range out {
+		e := s.pte(p + uintptr(i))
+		if e == nil {
+			return i, ErrNotMapped
+		}
+		v := e.Load()
+		if v&pteFrame == 0 {
+			return i, ErrNotMapped
+		}
+		f := Frame(v&pteFrame - 1)
+		out[i] = Page{Frame: f, NIC: unsafe.Add(s.nicBase, uintptr(f)<<PageShift), Writable: v&pteReadOnly == 0}
+		if acc&ResolveWrite != 0 && v&pteReadOnly != 0 {
+			return i, ErrReadOnly
+		}
+		if v&ptePopulated == 0 {
+			// Held from now on: the caller's copy touches it. Lose
+			// the race with a Free or Migrate quietly: the entry is
+			// theirs then, and the caller's ReadRetry will say so.
+			e.CompareAndSwap(v, v|ptePopulated)
+		}
+	}
+	return len(out), nil
+}
+
+// settle does what acc (ResolvePopulate or ResolveNoFault) asks for the
+// pages from page p whose entries had the values vals, for those not known
+// to be held: populate them, or check that they are resident; then mark
+// them held. It returns how many pages are settled before an error.
+func (s *AddressSpace) settle(p uintptr, vals []uint64, acc Access) (int, error) {
+	mark := func(i, j int) {
+		for k := i; k < j; k++ {
+			if vals[k]&ptePopulated == 0 {
+				// Lose the race with a Free or Migrate quietly: the
+				// entry is theirs then, and the caller's ReadRetry will
+				// say so.
+				s.pte(p+uintptr(k)).CompareAndSwap(vals[k], vals[k]|ptePopulated)
 			}
 		}
-		return nil
 	}
-	if err := populate(s.frameRun(f, n), first, uintptr(n), true); err != nil {
+	for i := 0; i < len(vals); {
+		if vals[i]&ptePopulated != 0 {
+			i++
+			continue
+		}
+		// A run of pages not known to be held, of one protection.
+		j := i + 1
+		for j < len(vals) && vals[j]&ptePopulated == 0 && vals[j]&pteReadOnly == vals[i]&pteReadOnly {
+			j++
+		}
+		var err error
+		n := j - i
+		if acc&ResolveNoFault != 0 {
+			n, err = s.resident(p+uintptr(i), vals[i:j])
+		} else {
+			err = s.populateApp(p+uintptr(i), vals[i:j])
+		}
+		mark(i, i+n)
+		if err != nil {
+			return i + n, err
+		}
+		i = j
+	}
+	return len(vals), nil
+}
+
+// populateApp populates len(vals) pages from page p through the
+// application's view, so that the NIC's copies through it take no page
+// fault: MADV_POPULATE_WRITE, or _READ for read-only pages (a read fault
+// of a shared memfd page allocates it too). On a kernel without them the
+// frames are touched through the NIC view, which, unlike the application's,
+// cannot be unmapped under the touch.
+func (s *AddressSpace) populateApp(p uintptr, vals []uint64) error {
+	n := uintptr(len(vals))
+	write := vals[0]&pteReadOnly == 0
+	s.stats.syscalls.Add(1)
+	ok, err := madvisePopulate(uintptr(s.appPtr(p)), n, write)
+	if err != nil {
 		return err
+	}
+	if !ok {
+		for _, v := range vals {
+			touch(s.FrameBytes(Frame(v&pteFrame-1)), true)
+		}
 	}
 	s.stats.populated.Add(int64(n))
 	return nil
+}
+
+// resident reports how many of the len(vals) pages from page p are
+// resident in the memfd, counting from the first, with ErrNotResident if
+// not all: mincore on the application's view (residency in the page cache
+// of the file, so a page the application or the NIC touched through
+// either view counts).
+func (s *AddressSpace) resident(p uintptr, vals []uint64) (int, error) {
+	var vec [64]byte
+	n := len(vals)
+	s.stats.syscalls.Add(1)
+	_, _, e := unix.Syscall(unix.SYS_MINCORE, uintptr(s.appPtr(p)), uintptr(n)<<PageShift,
+		uintptr(unsafe.Pointer(&vec[0])))
+	if e != 0 {
+		return 0, fmt.Errorf("hostmem: mincore: %w", e)
+	}
+	for k, v := range vec[:n] {
+		if v&1 == 0 {
+			return k, ErrNotResident
+		}
+	}
+	return n, nil
 }
 
 // Stats are counters of an AddressSpace.
@@ -701,7 +829,8 @@ type Stats struct {
 	FramesInUse   int   // frames mapped, held by pins after a Free, or held by migrations
 	FramesFree    int   // released frames waiting to be reused
 	FramesUnused  int   // frames never handed out
-	Populated     int64 // frames Resolve populated
+	Populated     int64 // pages Resolve populated (ResolvePopulate)
+	Syscalls      int64 // system calls Resolve made (madvise, mincore)
 	Invalidations int64 // Invalidate callbacks made
 	MigratedPages int64 // pages moved by committed migrations
 }
@@ -718,6 +847,7 @@ func (s *AddressSpace) Stats() Stats {
 		FramesFree:    free,
 		FramesUnused:  unused,
 		Populated:     s.stats.populated.Load(),
+		Syscalls:      s.stats.syscalls.Load(),
 		Invalidations: s.stats.invalidations.Load(),
 		MigratedPages: s.stats.migrated.Load(),
 	}

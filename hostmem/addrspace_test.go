@@ -170,35 +170,63 @@ func TestResolve(t *testing.T) {
 	b, err := s.Alloc(8 * PageSize)
 	require.NoError(t, err)
 	addr := AddrOf(b)
+	syscalls := func() int64 { return s.Stats().Syscalls }
 
-	// Never touched: NoFault finds nothing resident; a fault populates.
+	// Never touched: NoFault finds nothing resident (one mincore).
+	sc := syscalls()
 	_, err = s.Resolve(addr, ResolveNoFault)
 	require.ErrorIs(t, err, ErrNotResident)
+	require.Equal(t, sc+1, syscalls())
+
+	// ResolvePopulate populates it through the application's view, once.
 	before := s.Stats().Populated
-	pg, err := s.Resolve(addr+5, ResolveWrite)
+	pg, err := s.Resolve(addr+5, ResolvePopulate|ResolveWrite)
 	require.NoError(t, err)
 	require.Equal(t, before+1, s.Stats().Populated)
 	require.Equal(t, []byte{1}, mincore(t, s.FrameBytes(pg.Frame)))
-	_, err = s.Resolve(addr, ResolveWrite)
+	require.True(t, appMapped(t, addr), "populated through the application's view")
+	sc = syscalls()
+	_, err = s.Resolve(addr, ResolvePopulate|ResolveWrite)
 	require.NoError(t, err)
 	require.Equal(t, before+1, s.Stats().Populated, "a populated page is not populated again")
 	_, err = s.Resolve(addr, ResolveNoFault)
 	require.NoError(t, err)
+	require.Equal(t, sc, syscalls(), "a page known to be held needs no system call")
 
-	// Touched by the application only: resident, found by NoFault.
-	b[PageSize] = 1
-	pg, err = s.Resolve(addr+PageSize, ResolveNoFault|ResolveWrite)
+	// A plain Resolve makes no system call, even for a page nobody has
+	// touched: the caller's first access populates it.
+	pg, err = s.Resolve(addr+3*PageSize, ResolveWrite)
 	require.NoError(t, err)
+	require.Equal(t, sc, syscalls())
+	require.Equal(t, []byte{0}, mincore(t, s.FrameBytes(pg.Frame)), "nothing populated")
+	*(*byte)(s.AppPointer(addr + 3*PageSize + 9)) = 9 // the caller's copy
+	require.Equal(t, []byte{1}, mincore(t, s.FrameBytes(pg.Frame)))
+	require.Equal(t, byte(9), s.FrameBytes(pg.Frame)[9])
+
+	// Touched by the application only: a plain Resolve makes no system
+	// call; NoFault finds it resident with one mincore, then knows it.
+	b[PageSize] = 1
+	pg, err = s.Resolve(addr+PageSize, ResolveWrite)
+	require.NoError(t, err)
+	require.Equal(t, sc, syscalls())
 	require.Equal(t, byte(1), s.FrameBytes(pg.Frame)[0])
+	b[4*PageSize] = 1
+	_, err = s.Resolve(addr+4*PageSize, ResolveNoFault|ResolveWrite)
+	require.NoError(t, err)
+	require.Equal(t, sc+1, syscalls())
+	_, err = s.Resolve(addr+4*PageSize, ResolveNoFault|ResolvePopulate)
+	require.NoError(t, err)
+	require.Equal(t, sc+1, syscalls())
 
 	// Read-only pages.
 	require.NoError(t, s.Protect(addr+2*PageSize, PageSize, false))
 	pg, err = s.Resolve(addr+2*PageSize, ResolveWrite)
 	require.ErrorIs(t, err, ErrReadOnly)
 	require.False(t, pg.Writable)
-	pg, err = s.Resolve(addr+2*PageSize, 0)
-	require.NoError(t, err)
+	pg, err = s.Resolve(addr+2*PageSize, ResolvePopulate)
+	require.NoError(t, err, "a read-only page is populated for reading")
 	require.False(t, pg.Writable)
+	require.Equal(t, []byte{1}, mincore(t, s.FrameBytes(pg.Frame)))
 	require.Equal(t, "r--s", perms(t, addr+2*PageSize))
 	require.NoError(t, s.Protect(addr+2*PageSize, PageSize, true))
 	require.Equal(t, "rw-s", perms(t, addr+2*PageSize))
@@ -214,11 +242,15 @@ func TestResolve(t *testing.T) {
 	_, err = s.Resolve(s.Bounds().Start-1, 0)
 	require.ErrorIs(t, err, ErrNotMapped)
 
-	// A range: pages 3..7 populated with one call, page 8 is not mapped.
+	// A range: pages 3..7 resolved, 5..7 (not known) populated with one
+	// call; page 8 is not mapped.
 	out := make([]Page, 6)
-	n, err := s.ResolveRange(addr+3*PageSize, out, ResolveWrite)
+	sc, before = syscalls(), s.Stats().Populated
+	n, err := s.ResolveRange(addr+3*PageSize, out, ResolveWrite|ResolvePopulate)
 	require.ErrorIs(t, err, ErrNotMapped)
 	require.Equal(t, 5, n)
+	require.Equal(t, sc+1, syscalls())
+	require.Equal(t, before+3, s.Stats().Populated)
 	for i := range 5 {
 		f, _ := s.FrameOf(addr + uint64(3+i)<<PageShift)
 		require.Equal(t, f, out[i].Frame)
@@ -227,10 +259,20 @@ func TestResolve(t *testing.T) {
 	n, err = s.ResolveRange(addr, out[:5], ResolveNoFault)
 	require.NoError(t, err)
 	require.Equal(t, 5, n)
+	require.Equal(t, sc+1, syscalls(), "all five are known")
 	require.NoError(t, s.Protect(addr+PageSize, PageSize, false))
 	n, err = s.ResolveRange(addr, out[:3], ResolveWrite)
 	require.ErrorIs(t, err, ErrReadOnly)
 	require.Equal(t, 1, n)
+
+	// NoFault over a run stops at the first page not resident, having
+	// resolved those before it.
+	c, err := s.Alloc(4 * PageSize)
+	require.NoError(t, err)
+	c[0], c[PageSize], c[3*PageSize] = 1, 1, 1
+	n, err = s.ResolveRange(AddrOf(c), out[:4], ResolveNoFault)
+	require.ErrorIs(t, err, ErrNotResident)
+	require.Equal(t, 2, n)
 }
 
 func TestResolveAllocatesNothing(t *testing.T) {
@@ -383,6 +425,20 @@ func mincore(t *testing.T, b []byte) []byte {
 		vec[i] &= 1
 	}
 	return vec
+}
+
+// appMapped reports whether the application's view maps addr's page now
+// (its PTE is present: bit 63 of /proc/self/pagemap), as opposed to the
+// page being resident in the memfd only.
+func appMapped(t *testing.T, addr uint64) bool {
+	t.Helper()
+	f, err := os.Open("/proc/self/pagemap")
+	require.NoError(t, err)
+	defer f.Close()
+	var v [8]byte
+	_, err = f.ReadAt(v[:], int64(addr>>PageShift)*8)
+	require.NoError(t, err)
+	return v[7]&0x80 != 0
 }
 
 // perms returns the permission column of /proc/self/maps for addr.

@@ -10,8 +10,11 @@
 // at fixed NIC addresses, with Alloc, Free (the munmap of this world),
 // Protect, Migrate and Resolve, pinning through a PinAccount, and
 // subscriptions in the manner of Linux's mmu_interval_notifier
-// (invalidate callbacks, ReadBegin/ReadRetry with a sequence count). See
-// docs/memory.md, "Host address space and notifiers", for the protocol.
+// (invalidate callbacks, ReadBegin/ReadRetry with a sequence count). ODP
+// tables copy through the application's range (so a page the application
+// holds needs no system call); pins and migrations use the fixed NIC
+// addresses. See docs/memory.md, "Host address space and notifiers", for
+// the protocol.
 package hostmem
 
 import "golang.org/x/sys/unix"

@@ -131,6 +131,12 @@ func (m *Migration) CopyPage(i int) {
 //     page map points at them;
 //  4. invalidate end: the counts turn even; faults resolve the new frames.
 //
+// Then, outside mu, the application's view of the range is populated
+// (MADV_POPULATE_WRITE, _READ for read-only pages, best effort): the
+// kernel's migration replaces the page-table entries in place, so neither
+// the application nor a NIC copying through its view should take a page
+// fault on a page just moved.
+//
 // If copyDirty fails the view is not switched and its error is returned.
 // On any failure the new frames are released and the migration is over.
 // After a successful Commit the old frames stay allocated, untouched by
@@ -141,24 +147,44 @@ func (m *Migration) Commit(copyDirty func(m *Migration) error) error {
 		return errors.New("hostmem: commit of a migration that is not prepared")
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	err := m.commit(copyDirty)
+	ro, err := m.commit(copyDirty)
 	if err != nil {
 		m.state = migrationAborted
 		if !s.closed.Load() {
 			s.frames.release(s, m.New)
 		}
+		s.mu.Unlock()
 		return err
 	}
 	m.state = migrationCommitted
 	s.stats.migrated.Add(int64(len(m.Old)))
+	s.mu.Unlock()
+	s.populateView(m.p, ro)
 	return nil
 }
 
-func (m *Migration) commit(copyDirty func(m *Migration) error) error {
+// populateView populates the application's view of len(ro) pages from page
+// p, one system call per run of equal protection (ro[i]: read-only). Best
+// effort: a Free or migration racing it makes the call fail or populate
+// other frames, both harmless; on a kernel without MADV_POPULATE_* it does
+// nothing (touching the view could meet a concurrent Free).
+func (s *AddressSpace) populateView(p uintptr, ro []bool) {
+	for i := 0; i < len(ro); {
+		j := i + 1
+		for j < len(ro) && ro[j] == ro[i] {
+			j++
+		}
+		_, _ = madvisePopulate(uintptr(s.appPtr(p+uintptr(i))), uintptr(j-i), !ro[i])
+		i = j
+	}
+}
+
+// commit is Commit's critical section, under mu. It returns the pages'
+// read-only bits.
+func (m *Migration) commit(copyDirty func(m *Migration) error) ([]bool, error) {
 	s := m.as
 	if s.closed.Load() {
-		return ErrClosed
+		return nil, ErrClosed
 	}
 	n := uintptr(len(m.Old))
 	vals := make([]uint64, n)
@@ -166,12 +192,12 @@ func (m *Migration) commit(copyDirty func(m *Migration) error) error {
 	for i := range vals {
 		vals[i] = s.pte(m.p + uintptr(i)).Load()
 		if vals[i]&pteFrame != uint64(m.Old[i])+1 {
-			return fmt.Errorf("%w: migrate %#x+%d pages: page %d", ErrRaced, m.Addr, n, i)
+			return nil, fmt.Errorf("%w: migrate %#x+%d pages: page %d", ErrRaced, m.Addr, n, i)
 		}
 		ro[i] = vals[i]&pteReadOnly != 0
 	}
 	if err := m.checkPins(); err != nil {
-		return err
+		return nil, err
 	}
 	unlockNew := func() {
 		if m.pin != nil {
@@ -188,7 +214,7 @@ func (m *Migration) commit(copyDirty func(m *Migration) error) error {
 		}
 	} else if err := copyDirty(m); err != nil {
 		unlockNew()
-		return fmt.Errorf("hostmem: migrate %#x+%d pages: %w", m.Addr, n, err)
+		return nil, fmt.Errorf("hostmem: migrate %#x+%d pages: %w", m.Addr, n, err)
 	}
 	if err := s.mapFrames(m.p, m.New, ro); err != nil {
 		// mapFrames left part of the range PROT_NONE: map the old frames
@@ -197,7 +223,7 @@ func (m *Migration) commit(copyDirty func(m *Migration) error) error {
 			panic(fmt.Sprintf("hostmem: migrate: cannot restore the application's view: %v (after %v)", err2, err))
 		}
 		unlockNew()
-		return fmt.Errorf("hostmem: migrate %#x+%d pages: %w", m.Addr, n, err)
+		return nil, fmt.Errorf("hostmem: migrate %#x+%d pages: %w", m.Addr, n, err)
 	}
 	for i, f := range m.New {
 		s.pte(m.p + uintptr(i)).Store(uint64(f) + 1 | vals[i]&pteReadOnly | ptePopulated)
@@ -206,7 +232,7 @@ func (m *Migration) commit(copyDirty func(m *Migration) error) error {
 		m.oldLocked = m.pin.moveTo(m.New, m.newLocked)
 		m.newLocked = nil
 	}
-	return nil
+	return ro, nil
 }
 
 // checkPins refuses pinned frames, except a pinned migration's own pin

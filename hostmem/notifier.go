@@ -94,14 +94,17 @@ func (f NotifierFunc) Invalidate(sub *Subscription, inv Invalidation) { f(sub, i
 //
 //	again:
 //		seq := sub.ReadBegin()          // no lock held that Invalidate takes
-//		pg, err := as.Resolve(addr, acc) // may populate the frame
-//		if err != nil { ... the access fails ... }
+//		pg, err := as.Resolve(addr, acc) // may populate, with ResolvePopulate
+//		if err != nil {
+//			if sub.ReadRetry(seq) { goto again } // raced a change
+//			... the access fails ...
+//		}
 //		t.mu.Lock()                      // the lock Invalidate takes
 //		if sub.ReadRetry(seq) {
 //			t.mu.Unlock()
 //			goto again
 //		}
-//		... install pg.Frame / pg.NIC, present, writable if pg.Writable ...
+//		... install: present, writable if pg.Writable ...
 //		t.mu.Unlock()
 //
 // Because the sequence count turns odd before Invalidate is called, and

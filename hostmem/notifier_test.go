@@ -364,3 +364,44 @@ func TestFreedFramesReadZero(t *testing.T) {
 	require.ElementsMatch(t, old, frames(t, s, addr, 4))
 	require.Equal(t, make([]byte, 4*PageSize), b2)
 }
+
+// TestInvalidateRunsBeforeTheChange: ODP tables copy through the
+// application's view, so every change to it must come after the
+// invalidation (which waits for the copies in flight). The callback here
+// writes through the application's view, as a copy still in flight when
+// the invalidation starts does: the write must find the view still mapped
+// and writable (else the test crashes with SIGSEGV), and a migration must
+// carry it to the new frame (else it was lost in the old one).
+func TestInvalidateRunsBeforeTheChange(t *testing.T) {
+	s := newSpace(t, testSpace)
+	b, err := s.Alloc(2 * PageSize)
+	require.NoError(t, err)
+	addr := AddrOf(b)
+	fill(b, 1)
+	var seen []string
+	sub, err := s.Subscribe(addr, 2*PageSize, NotifierFunc(func(_ *Subscription, inv Invalidation) {
+		f, ok := s.FrameOf(inv.Range.Start)
+		require.True(t, ok, "the page map still has the page")
+		atomic.StoreUint64((*uint64)(s.AppPointer(inv.Range.Start+8)), 0xc0ffee+uint64(inv.Event))
+		require.Equal(t, 0xc0ffee+uint64(inv.Event), binary.LittleEndian.Uint64(s.FrameBytes(f)[8:]),
+			"the application's view still maps the old frame")
+		seen = append(seen, inv.Event.String()+" "+perms(t, inv.Range.Start))
+	}))
+	require.NoError(t, err)
+	defer sub.Unsubscribe()
+
+	m, err := s.Migrate(addr, 1)
+	require.NoError(t, err)
+	want := 0xc0ffee + uint64(EventMigrate)
+	require.Equal(t, want, binary.LittleEndian.Uint64(s.FrameBytes(m.New[0])[8:]),
+		"a write made when the invalidation started was copied to the new frame")
+	require.Equal(t, want, binary.LittleEndian.Uint64(b[8:]))
+	m.Release()
+
+	require.NoError(t, s.Protect(addr, PageSize, false))
+	require.Equal(t, 0xc0ffee+uint64(EventProtect), binary.LittleEndian.Uint64(b[8:]))
+	require.NoError(t, s.Protect(addr, PageSize, true)) // gives access back: no invalidation
+	require.NoError(t, s.Free(addr, 2*PageSize))
+	require.Equal(t, []string{"migrate rw-s", "protect rw-s", "unmap rw-s"}, seen)
+	require.Equal(t, "---p", perms(t, addr), "unmapped after the invalidation")
+}

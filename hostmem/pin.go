@@ -351,33 +351,44 @@ var noPopulate atomic.Bool
 // populate faults in every page under b, for writing if write is set,
 // without changing a byte.
 func populate(b []byte, first, pages uintptr, write bool) error {
-	if !noPopulate.Load() {
-		advice := uintptr(unix.MADV_POPULATE_READ)
-		if write {
-			advice = unix.MADV_POPULATE_WRITE
-		}
-		var e unix.Errno
-		for try := 0; ; try++ {
-			_, _, e = unix.Syscall(unix.SYS_MADVISE, first, pages<<PageShift, advice)
-			// A signal interrupts the population (EINTR; the Go runtime
-			// preempts goroutines with SIGURG): what is populated stays,
-			// and the call is made again for the rest.
-			if (e == unix.EINTR || e == unix.EAGAIN) && try < 1000 {
-				continue
-			}
-			break
-		}
-		switch e {
-		case 0:
-			return nil
-		case unix.EINVAL:
-			noPopulate.Store(true)
-		default:
-			return fmt.Errorf("hostmem: prefault %#x+%d: %w", first, pages<<PageShift, e)
-		}
+	if ok, err := madvisePopulate(first, pages, write); ok || err != nil {
+		return err
 	}
 	touch(b, write)
 	return nil
+}
+
+// madvisePopulate populates pages pages from first with MADV_POPULATE_WRITE
+// (or _READ). ok is false, with no error, on a kernel without them (before
+// 5.14, EINVAL; noPopulate is then set): the caller touches the pages
+// itself, through a mapping that cannot go away under it.
+func madvisePopulate(first, pages uintptr, write bool) (ok bool, err error) {
+	if noPopulate.Load() {
+		return false, nil
+	}
+	advice := uintptr(unix.MADV_POPULATE_READ)
+	if write {
+		advice = unix.MADV_POPULATE_WRITE
+	}
+	var e unix.Errno
+	for try := 0; ; try++ {
+		_, _, e = unix.Syscall(unix.SYS_MADVISE, first, pages<<PageShift, advice)
+		// A signal interrupts the population (EINTR; the Go runtime
+		// preempts goroutines with SIGURG): what is populated stays,
+		// and the call is made again for the rest.
+		if (e == unix.EINTR || e == unix.EAGAIN) && try < 1000 {
+			continue
+		}
+		break
+	}
+	switch e {
+	case 0:
+		return true, nil
+	case unix.EINVAL:
+		noPopulate.Store(true)
+		return false, nil
+	}
+	return false, fmt.Errorf("hostmem: prefault %#x+%d: %w", first, pages<<PageShift, e)
 }
 
 // touch faults in the pages under b by hand: an atomic add of zero to one

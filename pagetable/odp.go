@@ -48,6 +48,13 @@ const (
 	FaultNoPopulate
 	// FaultPrefetch: counted as prefetch (page_prefetch), not as faults.
 	FaultPrefetch
+	// FaultPopulate: populate the pages the host is not known to hold now
+	// (one MADV_POPULATE_WRITE per run on the application's view), so that
+	// the copies that follow take no page fault. For faults off the data
+	// path (prefetch, the rnr policy's background fault); without it a
+	// fault makes no system call and the first copy of a page nobody has
+	// touched takes the kernel's page fault.
+	FaultPopulate
 )
 
 // ODPStats are the counters of one on-demand table, with mlx5's names
@@ -63,7 +70,14 @@ type ODPStats struct {
 }
 
 // child is the entries of up to 2^ChildShift consecutive pages.
-type child struct{ e []entry }
+type child struct{ e []odpEntry }
+
+// odpEntry is one page of an on-demand table: its flags only. The page's
+// address is its IOVA in the application's view of the host address
+// space (an ODP region is registered at its application addresses), so
+// there is no frame to store: the notifier protocol keeps an entry
+// present only while that mapping is the one the fault resolved.
+type odpEntry struct{ flags atomic.Uint32 }
 
 // ODP is the translation table of an on-demand memory region (IBV_ACCESS_ON_
 // DEMAND): every entry starts not present; a copy that meets a page that is
@@ -71,6 +85,17 @@ type child struct{ e []entry }
 // NoPermission before copying any byte of its range; Fault then fills the
 // entries from the host address space under its notifier's sequence count
 // (mmu_interval_read_begin / read_retry), and the copy is repeated.
+//
+// Copies go through the application's view of the address space (the
+// mapping the application reads and writes, AppPointer), not through a
+// mapping of the NIC's own: a page the application has touched is then
+// reached with no system call and no page fault, and a page nobody has
+// touched is populated by the kernel's page fault in the first copy. This
+// is safe because the host invalidates before it changes the mapping
+// (Free before it unmaps, Migrate before it copies and remaps, Protect
+// before mprotect): a copy runs only on present entries, and the
+// invalidation waits for it, so no copy touches an address that is being
+// unmapped or a frame that is being replaced.
 //
 // The host address space invalidates ranges through the table's
 // subscription: Invalidate clears the entries and then waits until every
@@ -94,6 +119,9 @@ type ODP struct {
 
 	children []atomic.Pointer[child]
 
+	// app is the application's view of base: page pg of the table is at
+	// app + pg<<PageShift.
+	app    unsafe.Pointer
 	as     *hostmem.AddressSpace
 	sub    *hostmem.Subscription
 	budget *Budget
@@ -144,12 +172,12 @@ func NewODP(as *hostmem.AddressSpace, iova, length uint64, writable bool, budget
 	start := iova &^ pageMask
 	end := (iova + length + pageMask) &^ pageMask
 	t := &ODP{iova: iova, length: length, base: start, npages: (end - start) >> PageShift,
-		writable: writable, as: as, budget: budget}
+		writable: writable, app: as.AppPointer(start), as: as, budget: budget}
 	nc := (t.npages + childMask) >> ChildShift
 	t.children = make([]atomic.Pointer[child], nc)
 	for c := range t.children {
 		n := min(t.npages-uint64(c)<<ChildShift, childPages)
-		t.children[c].Store(&child{e: make([]entry, n)})
+		t.children[c].Store(&child{e: make([]odpEntry, n)})
 	}
 	if err := t.subscribe(start, end-start); err != nil {
 		return nil, err
@@ -166,7 +194,7 @@ func NewImplicit(as *hostmem.AddressSpace, writable bool, budget *Budget) (*ODP,
 	}
 	b := as.Bounds()
 	t := &ODP{iova: 0, length: math.MaxUint64, base: b.Start, npages: b.Len() >> PageShift,
-		implicit: true, writable: writable, as: as, budget: budget}
+		implicit: true, writable: writable, app: as.AppPointer(b.Start), as: as, budget: budget}
 	t.children = make([]atomic.Pointer[child], (t.npages+childMask)>>ChildShift)
 	if err := t.subscribe(b.Start, b.Len()); err != nil {
 		return nil, err
@@ -220,7 +248,7 @@ func (t *ODP) Stats() ODPStats {
 
 // entry returns the entry of page pg (counted from base), nil when its
 // child does not exist yet.
-func (t *ODP) entry(pg uint64) *entry {
+func (t *ODP) entry(pg uint64) *odpEntry {
 	c := t.children[pg>>ChildShift].Load()
 	if c == nil {
 		return nil
@@ -282,7 +310,9 @@ func (t *ODP) CopyIn(iova uint64, src []byte) (int, Result) { return t.copyPages
 func (t *ODP) CopyOut(iova uint64, dst []byte) (int, Result) { return t.copyPages(iova, dst, false) }
 
 // copyPages is CopyIn (write: b goes into the region) and CopyOut (b
-// receives the region's bytes), page by page inside the copy section.
+// receives the region's bytes), inside the copy section: every page is
+// checked, then the bytes move in one copy through the application's view
+// (contiguous, whatever the frames).
 func (t *ODP) copyPages(iova uint64, b []byte, write bool) (int, Result) {
 	first, count, ok := t.pages(iova, uint64(len(b)))
 	if !ok {
@@ -300,26 +330,21 @@ func (t *ODP) copyPages(iova uint64, b []byte, write bool) (int, Result) {
 		t.exit(ep)
 		return 0, r
 	}
-	done := 0
-	in := (iova - t.base) & pageMask
-	dirty := write && t.track.Load()
-	for pg := first; done < len(b); pg++ {
-		e := t.entry(pg)
-		frame := unsafe.Slice((*byte)(unsafe.Add(unsafe.Pointer(e.frame.Load()), in)), PageSize-in)
-		var n int
-		if write {
-			n = copy(frame, b[done:])
-		} else {
-			n = copy(b[done:], frame)
+	mem := unsafe.Slice((*byte)(unsafe.Add(t.app, iova-t.base)), len(b))
+	if write {
+		copy(mem, b)
+		if t.track.Load() {
+			for pg := first; pg < first+count; pg++ {
+				if e := t.entry(pg); Flags(e.flags.Load())&Dirty == 0 {
+					e.flags.Or(uint32(Dirty))
+				}
+			}
 		}
-		if dirty && Flags(e.flags.Load())&Dirty == 0 {
-			e.flags.Or(uint32(Dirty))
-		}
-		done += n
-		in = 0
+	} else {
+		copy(b, mem)
 	}
 	t.exit(ep)
-	return done, OK
+	return len(b), OK
 }
 
 // StartTracking begins the dirty tracking of a remap: Dirty bits are
@@ -377,11 +402,9 @@ func (t *ODP) Atomic64(iova uint64, op func(p *uint64) uint64) (uint64, Result) 
 		t.exit(ep)
 		return 0, r
 	}
-	e := t.entry(first)
-	p := (*uint64)(unsafe.Add(unsafe.Pointer(e.frame.Load()), (iova-t.base)&pageMask))
-	v := op(p)
+	v := op((*uint64)(unsafe.Add(t.app, iova-t.base)))
 	if t.track.Load() {
-		e.flags.Or(uint32(Dirty))
+		t.entry(first).flags.Or(uint32(Dirty))
 	}
 	t.exit(ep)
 	return v, OK
@@ -391,13 +414,18 @@ func (t *ODP) Atomic64(iova uint64, op func(p *uint64) uint64) (uint64, Result) 
 const faultBatch = 64
 
 // Fault makes the pages of [iova, iova+n) present (and writable with
-// FaultWrite), resolving them in the host address space (which populates
-// pages never touched, unless FaultNoPopulate), installing each batch only
-// if no invalidation of the range ran meanwhile, and charging the budget,
-// which may evict other pages first. It returns the pages it made present.
-// Pages already present with the access are skipped. It must not be called
-// from inside a copy (it may wait for an invalidation, which waits for
-// copies).
+// FaultWrite), resolving them in the host address space, installing each
+// batch only if no invalidation of the range ran meanwhile, and charging
+// the budget, which may evict other pages first. It returns the pages it
+// made present. Pages already present with the access are skipped. It
+// must not be called from inside a copy (it may wait for an invalidation,
+// which waits for copies).
+//
+// By default a fault makes no system call: a page the host holds (the
+// application or the NIC touched it) is installed as it is, and a page
+// nobody has touched is populated by the kernel's page fault in the first
+// copy. FaultPopulate populates such pages now; FaultNoPopulate skips
+// them.
 //
 // Errors: OutOfRange-style misuse (a range outside the region) and pages
 // that cannot be resolved wrap ErrFault; with FaultNoPopulate a page the
@@ -420,8 +448,11 @@ func (t *ODP) Fault(iova, n uint64, fl FaultFlags) (int, error) {
 		need |= Writable
 		acc |= hostmem.ResolveWrite
 	}
-	if fl&FaultNoPopulate != 0 {
+	switch {
+	case fl&FaultNoPopulate != 0:
 		acc |= hostmem.ResolveNoFault
+	case fl&FaultPopulate != 0:
+		acc |= hostmem.ResolvePopulate
 	}
 	var pgs [faultBatch]hostmem.Page
 	batch := uint64(faultBatch)
@@ -429,11 +460,6 @@ func (t *ODP) Fault(iova, n uint64, fl FaultFlags) (int, error) {
 		// A batch may evict, and must not need more than a fraction of
 		// the budget.
 		batch = min(batch, uint64(t.budget.limit/4))
-	}
-	if fl&FaultNoPopulate != 0 {
-		// Page by page: a page the host does not hold is skipped, and
-		// the host resolves runs all or nothing.
-		batch = 1
 	}
 	t.faultMu.Lock()
 	defer t.faultMu.Unlock()
@@ -452,12 +478,12 @@ func (t *ODP) Fault(iova, n uint64, fl FaultFlags) (int, error) {
 				break
 			}
 		}
-		got, err := t.faultBatch(pg, pgs[:k], need, acc, fl)
+		got, done, err := t.faultBatch(pg, pgs[:k], need, acc, fl)
 		made += got
 		if err != nil {
 			return made, err
 		}
-		pg += k
+		pg += uint64(done)
 	}
 	return made, nil
 }
@@ -489,8 +515,11 @@ func (t *ODP) Resolvable(iova, n uint64, write bool) bool {
 	return true
 }
 
-// faultBatch resolves and installs len(pgs) pages from page pg.
-func (t *ODP) faultBatch(pg uint64, pgs []hostmem.Page, need Flags, acc hostmem.Access, fl FaultFlags) (int, error) {
+// faultBatch resolves and installs len(pgs) pages from page pg. It
+// returns the pages it made present and the pages it is done with: all of
+// them, or, with FaultNoPopulate, up to and including the first page the
+// host does not hold (skipped; the caller goes on after it).
+func (t *ODP) faultBatch(pg uint64, pgs []hostmem.Page, need Flags, acc hostmem.Access, fl FaultFlags) (made, done int, err error) {
 	addr := t.base + pg<<PageShift
 	k := uint64(len(pgs))
 	if fl&FaultPrefetch == 0 {
@@ -515,7 +544,13 @@ func (t *ODP) faultBatch(pg uint64, pgs []hostmem.Page, need Flags, acc hostmem.
 		got, err := t.as.ResolveRange(addr, pgs, acc)
 		skip := err != nil && fl&FaultNoPopulate != 0 && errors.Is(err, hostmem.ErrNotResident)
 		if err != nil && got == 0 && !skip {
-			return 0, fmt.Errorf("%w: %#x: %w", ErrFault, addr, err)
+			if t.sub.ReadRetry(seq) {
+				// An invalidation ran while the host resolved (a
+				// population that met the range being unmapped or
+				// remapped fails): resolve again after it.
+				continue
+			}
+			return 0, 0, fmt.Errorf("%w: %#x: %w", ErrFault, addr, err)
 		}
 		t.mu.Lock()
 		if t.sub.ReadRetry(seq) {
@@ -524,12 +559,11 @@ func (t *ODP) faultBatch(pg uint64, pgs []hostmem.Page, need Flags, acc hostmem.
 		}
 		if t.released.Load() {
 			t.mu.Unlock()
-			return 0, fmt.Errorf("%w: region deregistered", ErrFault)
+			return 0, 0, fmt.Errorf("%w: region deregistered", ErrFault)
 		}
 		made := 0
 		for i := range got {
 			e := t.entry(pg + uint64(i))
-			e.frame.Store((*byte)(pgs[i].NIC))
 			// A CAS, not a store: the budget's clock changes the Accessed
 			// and ring bits without mu.
 			for {
@@ -566,16 +600,16 @@ func (t *ODP) faultBatch(pg uint64, pgs []hostmem.Page, need Flags, acc hostmem.
 		}
 		switch {
 		case got == len(pgs):
-			return made, nil
+			return made, got, nil
 		case skip:
-			// A page the host does not hold: skip it, go on after it.
-			if got+1 == len(pgs) {
-				return made, nil
+			// A page the host does not hold: skipped. The pages after it
+			// are the next batch's, which counts them.
+			if fl&FaultPrefetch == 0 {
+				t.stats.faults.Add(-int64(len(pgs) - got - 1))
 			}
-			rest, err := t.faultBatch(pg+uint64(got)+1, pgs[got+1:], need, acc, fl)
-			return made + rest, err
+			return made, got + 1, nil
 		}
-		return made, fmt.Errorf("%w: %#x: %w", ErrFault, addr+uint64(got)<<PageShift, err)
+		return made, got, fmt.Errorf("%w: %#x: %w", ErrFault, addr+uint64(got)<<PageShift, err)
 	}
 }
 
@@ -587,7 +621,7 @@ func (t *ODP) growChildren(pg, k uint64) {
 			continue
 		}
 		n := min(t.npages-c<<ChildShift, childPages)
-		t.children[c].CompareAndSwap(nil, &child{e: make([]entry, n)})
+		t.children[c].CompareAndSwap(nil, &child{e: make([]odpEntry, n)})
 	}
 }
 

@@ -3,11 +3,13 @@ package pagetable_test
 import (
 	"bytes"
 	"errors"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/softrdma/softrdma/hostmem"
 	"github.com/softrdma/softrdma/pagetable"
@@ -27,6 +29,10 @@ func newODP(t testing.TB, as *hostmem.AddressSpace, pages int, b *pagetable.Budg
 	t.Helper()
 	mem, err := as.Alloc(pages * ps)
 	require.NoError(t, err)
+	// Cleanups run last first: the table goes, then the memory (if the
+	// test has not freed it), so that benchmarks run many times over one
+	// address space.
+	t.Cleanup(func() { _ = as.Free(hostmem.AddrOf(mem), len(mem)) })
 	tab, err := pagetable.NewODP(as, hostmem.AddrOf(mem), uint64(len(mem)), true, b)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = tab.Release() })
@@ -257,4 +263,322 @@ func TestODPCopyAllocatesNothing(t *testing.T) {
 		tab.CopyIn(base+10, buf)
 		tab.CopyOut(base+10, buf)
 	}))
+}
+
+// TestODPWriteAfterMigrateLandsInNewFrame: a migration invalidates the
+// table before it copies and switches the application's view; a write
+// after it faults again and lands in the new frame, through the same
+// address, and the old frame keeps the bytes it had at the switch.
+func TestODPWriteAfterMigrateLandsInNewFrame(t *testing.T) {
+	as := newAS(t, 16<<20)
+	mem, tab := newODP(t, as, 2, nil)
+	base := hostmem.AddrOf(mem)
+	_, err := tab.Fault(base, 2*ps, pagetable.FaultWrite)
+	require.NoError(t, err)
+	_, r := tab.CopyIn(base+ps-3, []byte("before"))
+	require.Equal(t, pagetable.OK, r)
+
+	m, err := as.Migrate(base, 2)
+	require.NoError(t, err)
+	defer m.Release()
+	require.Zero(t, tab.Present(), "the migration invalidated the table")
+	oldBytes := [][]byte{bytes.Clone(as.FrameBytes(m.Old[0])), bytes.Clone(as.FrameBytes(m.Old[1]))}
+	require.Equal(t, "bef", string(oldBytes[0][ps-3:]))
+
+	_, r = tab.CopyIn(base+ps-3, []byte("AFTER!"))
+	require.Equal(t, pagetable.NotPresent, r)
+	_, err = tab.Fault(base+ps-3, 6, pagetable.FaultWrite)
+	require.NoError(t, err)
+	_, r = tab.CopyIn(base+ps-3, []byte("AFTER!"))
+	require.Equal(t, pagetable.OK, r)
+	require.Equal(t, "AFT", string(as.FrameBytes(m.New[0])[ps-3:]))
+	require.Equal(t, "ER!", string(as.FrameBytes(m.New[1])[:3]))
+	require.Equal(t, oldBytes[0], as.FrameBytes(m.Old[0]), "old frame unchanged")
+	require.Equal(t, oldBytes[1], as.FrameBytes(m.Old[1]), "old frame unchanged")
+	require.Equal(t, "AFTER!", string(mem[ps-3:ps+3]), "the application reads the write")
+	v, r := tab.Atomic64(base+ps+8, func(p *uint64) uint64 { *p += 5; return *p })
+	require.Equal(t, pagetable.OK, r)
+	require.EqualValues(t, 5, v)
+	require.EqualValues(t, 5, mem[ps+8])
+	require.Zero(t, as.FrameBytes(m.Old[1])[8])
+}
+
+// TestODPFreedPageIsAFault: after Free every access is refused without a
+// crash (the copies would otherwise touch PROT_NONE memory): the copies
+// say NotPresent and the fault ErrFault (a remote access error on the
+// wire); memory mapped again at the address is reached, reading zeros.
+func TestODPFreedPageIsAFault(t *testing.T) {
+	as := newAS(t, 16<<20)
+	mem, tab := newODP(t, as, 2, nil)
+	base := hostmem.AddrOf(mem)
+	_, err := tab.Fault(base, 2*ps, pagetable.FaultWrite)
+	require.NoError(t, err)
+	_, r := tab.CopyIn(base, []byte{1, 2, 3})
+	require.Equal(t, pagetable.OK, r)
+
+	require.NoError(t, as.Free(base, ps))
+	require.False(t, tab.PresentAt(base))
+	require.True(t, tab.PresentAt(base+ps), "the other page stays")
+	_, r = tab.CopyIn(base, []byte{9})
+	require.Equal(t, pagetable.NotPresent, r)
+	_, r = tab.CopyOut(base+ps-1, make([]byte, 2))
+	require.Equal(t, pagetable.NotPresent, r, "a range crossing into the freed page")
+	_, r = tab.Atomic64(base, func(p *uint64) uint64 { return *p })
+	require.Equal(t, pagetable.NotPresent, r)
+	_, err = tab.Fault(base, 8, pagetable.FaultWrite)
+	require.ErrorIs(t, err, pagetable.ErrFault)
+	require.ErrorIs(t, err, hostmem.ErrNotMapped)
+	_, err = tab.Fault(base, 8, pagetable.FaultWrite|pagetable.FaultPopulate)
+	require.ErrorIs(t, err, pagetable.ErrFault)
+	require.False(t, tab.Resolvable(base, 8, false))
+
+	_, err = as.AllocAt(base, ps)
+	require.NoError(t, err)
+	_, err = tab.Fault(base, ps, pagetable.FaultWrite)
+	require.NoError(t, err)
+	got := []byte{0xff, 0xff, 0xff}
+	_, r = tab.CopyOut(base, got)
+	require.Equal(t, pagetable.OK, r)
+	require.Equal(t, []byte{0, 0, 0}, got, "new memory reads zeros")
+}
+
+// TestODPAppTouchedPageNeedsNoSyscall: the fault of a page the application
+// has written makes no system call, and neither it nor the copy after it
+// takes a page fault: the NIC copies through the application's own
+// mapping. A page nobody touched is populated by the copy's page fault
+// (one, at least); with FaultPopulate by one madvise for the run instead.
+func TestODPAppTouchedPageNeedsNoSyscall(t *testing.T) {
+	as := newAS(t, 16<<20)
+	const pages = 16
+	mem, tab := newODP(t, as, 4*pages, nil)
+	base := hostmem.AddrOf(mem)
+	// Pages [0, pages) are measured; [3*pages, 4*pages) warm the loop up
+	// (stack growth, the first use of the code's own memory).
+	for p := range pages {
+		mem[p*ps+7] = byte(p + 1)
+		mem[(3*pages+p)*ps+7] = byte(p + 1)
+	}
+	var (
+		errs [pages]error
+		res  [pages][3]pagetable.Result
+		got  [pages]byte
+		buf  [8]byte
+	)
+	run := func(first int) {
+		for p := range pages {
+			va := base + uint64(first+p)*ps
+			_, errs[p] = tab.Fault(va, 8, pagetable.FaultWrite)
+			_, res[p][0] = tab.CopyOut(va, buf[:])
+			got[p] = buf[7]
+			_, res[p][1] = tab.CopyIn(va, []byte{0xaa})
+		}
+	}
+	runtime.LockOSThread() // minor faults are counted per thread
+	defer runtime.UnlockOSThread()
+	run(3 * pages)
+	st0, flt0 := as.Stats(), minorFaults(t)
+	run(0)
+	flt := minorFaults(t) - flt0
+	st := as.Stats()
+	for p := range pages {
+		require.NoError(t, errs[p])
+		require.Equal(t, [3]pagetable.Result{}, res[p])
+		require.Equal(t, byte(p+1), got[p], "the NIC reads what the application wrote")
+		require.Equal(t, byte(0xaa), mem[p*ps], "the application reads what the NIC wrote")
+	}
+	require.Zero(t, st.Syscalls-st0.Syscalls, "no system call")
+	require.Zero(t, st.Populated-st0.Populated)
+	if !pagetable.RaceEnabled { // the race runtime may fault on its own shadow memory
+		require.Zero(t, flt, "no page fault in the fault handler or the copies")
+	}
+
+	// Never touched: no system call either; the copies fault the pages in.
+	flt0 = minorFaults(t)
+	for p := pages; p < 2*pages; p++ {
+		va := base + uint64(p)*ps
+		_, err := tab.Fault(va, 8, pagetable.FaultWrite)
+		require.NoError(t, err)
+		_, r := tab.CopyIn(va, []byte{0xbb})
+		require.Equal(t, pagetable.OK, r)
+	}
+	require.GreaterOrEqual(t, minorFaults(t)-flt0, int64(pages), "the first touch is the copies' page fault")
+	require.Zero(t, as.Stats().Syscalls-st0.Syscalls)
+
+	// FaultPopulate: one madvise for the run, and the copies take no page
+	// fault.
+	va := base + 2*pages*ps
+	_, err := tab.Fault(va, pages*ps, pagetable.FaultWrite|pagetable.FaultPopulate)
+	require.NoError(t, err)
+	st = as.Stats()
+	require.EqualValues(t, 1, st.Syscalls-st0.Syscalls)
+	require.EqualValues(t, pages, st.Populated-st0.Populated)
+	src := bytes.Repeat([]byte{0xcc}, pages*ps) // touched before counting
+	flt0 = minorFaults(t)
+	_, r := tab.CopyIn(va, src)
+	require.Equal(t, pagetable.OK, r)
+	if !pagetable.RaceEnabled {
+		require.Zero(t, minorFaults(t)-flt0, "populated pages take no page fault")
+	}
+}
+
+// minorFaults returns the calling thread's minor page faults.
+func minorFaults(t *testing.T) int64 {
+	t.Helper()
+	var ru unix.Rusage
+	require.NoError(t, unix.Getrusage(unix.RUSAGE_THREAD, &ru))
+	return ru.Minflt
+}
+
+// TestODPCopiesRacingHostChangesNeverCrash: copies, atomics and faults run
+// on a range while the host frees and maps it again, migrates it and makes
+// it read-only and writable, over and over. A copy that touched the
+// application's view after it was unmapped or made read-only would kill
+// the test with SIGSEGV; every fault either succeeds or is ErrFault
+// (ErrNotMapped, ErrReadOnly), and after the last change a write reaches
+// the application.
+func TestODPCopiesRacingHostChangesNeverCrash(t *testing.T) {
+	as := newAS(t, 64<<20)
+	const pages = 4
+	mem, tab := newODP(t, as, pages, nil)
+	base := hostmem.AddrOf(mem)
+	var stop atomic.Bool
+	var ok, refused atomic.Int64
+	var wg sync.WaitGroup
+	for w := range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, ps+100)
+			for i := 0; !stop.Load(); i++ {
+				off := uint64((i*977 + w*131) % (pages*ps - len(buf)))
+				var r pagetable.Result
+				switch i % 3 {
+				case 0:
+					_, r = tab.CopyIn(base+off, buf)
+				case 1:
+					_, r = tab.CopyOut(base+off, buf)
+				default:
+					_, r = tab.Atomic64(base+off&^7, func(p *uint64) uint64 { return atomic.AddUint64(p, 1) })
+				}
+				if r == pagetable.OK {
+					ok.Add(1)
+					continue
+				}
+				fl := pagetable.FaultWrite
+				if i%3 == 1 {
+					fl = 0
+				}
+				if i%5 == 0 {
+					fl |= pagetable.FaultPopulate
+				}
+				if _, err := tab.Fault(base+off, uint64(len(buf)), fl); err != nil {
+					if !errors.Is(err, pagetable.ErrFault) {
+						t.Error(err)
+						return
+					}
+					refused.Add(1)
+				}
+			}
+		}()
+	}
+	for i := range 2000 {
+		switch i % 4 {
+		case 0:
+			require.NoError(t, as.Free(base, pages*ps))
+			_, err := as.AllocAt(base, pages*ps)
+			require.NoError(t, err)
+		case 1:
+			m, err := as.Migrate(base, pages)
+			require.NoError(t, err)
+			m.Release()
+		case 2:
+			require.NoError(t, as.Protect(base, pages*ps, false))
+		case 3:
+			require.NoError(t, as.Protect(base, pages*ps, true))
+		}
+		if i%4 == 0 {
+			// Let the writers meet the freed range too.
+			require.NoError(t, as.Free(base+ps, ps))
+			runtime.Gosched()
+			_, err := as.AllocAt(base+ps, ps)
+			require.NoError(t, err)
+		}
+	}
+	stop.Store(true)
+	wg.Wait()
+	require.Positive(t, ok.Load())
+	st := tab.Stats()
+	require.Equal(t, st.PageInvalidations, st.PageInvalidationsHandled)
+	t.Logf("%d accesses placed, %d faults refused, %d pages invalidated", ok.Load(), refused.Load(), st.PageInvalidations)
+	_, err := tab.Fault(base, pages*ps, pagetable.FaultWrite)
+	require.NoError(t, err)
+	_, r := tab.CopyIn(base+ps, []byte("last"))
+	require.Equal(t, pagetable.OK, r)
+	require.Equal(t, "last", string(mem[ps:ps+4]))
+}
+
+// TestODPNoPopulateMapsOnlyHeldPages: FaultNoPopulate (PREFETCH_NO_FAULT)
+// maps the pages the host holds, whether the NIC resolved them before or
+// only the application touched them, and skips the others without
+// populating them. Pages the host knows to hold cost no system call; the
+// others one mincore per run, after which held ones are known.
+func TestODPNoPopulateMapsOnlyHeldPages(t *testing.T) {
+	as := newAS(t, 16<<20)
+	mem, tab := newODP(t, as, 8, nil)
+	base := hostmem.AddrOf(mem)
+	page := func(p int) uint64 { return base + uint64(p)*ps }
+	// Page 0: the NIC resolved and wrote it, then lost it. Pages 2 and 5:
+	// the application wrote them. The rest: nobody.
+	_, err := tab.Fault(page(0), 1, pagetable.FaultWrite)
+	require.NoError(t, err)
+	_, r := tab.CopyIn(page(0), []byte{1})
+	require.Equal(t, pagetable.OK, r)
+	tab.InvalidateRange(page(0), ps)
+	mem[2*ps], mem[5*ps] = 2, 5
+
+	st0 := as.Stats()
+	made, err := tab.Fault(base, 8*ps, pagetable.FaultNoPopulate|pagetable.FaultPrefetch)
+	require.NoError(t, err)
+	require.Equal(t, 3, made)
+	for p := range 8 {
+		require.Equal(t, p == 0 || p == 2 || p == 5, tab.PresentAt(page(p)), "page %d", p)
+	}
+	st := as.Stats()
+	require.Equal(t, st0.Populated, st.Populated, "nothing populated")
+	require.Positive(t, st.Syscalls-st0.Syscalls, "mincore for the pages not known")
+	for _, p := range []int{1, 3, 4, 6, 7} {
+		_, err := as.Resolve(page(p), hostmem.ResolveNoFault)
+		require.ErrorIs(t, err, hostmem.ErrNotResident, "page %d was populated", p)
+	}
+	require.EqualValues(t, 3, tab.Stats().PagePrefetch)
+
+	// Now all three are known: mapping them again makes no system call.
+	tab.InvalidateRange(base, 8*ps)
+	st0 = as.Stats()
+	for _, p := range []int{0, 2, 5} {
+		made, err := tab.Fault(page(p), ps, pagetable.FaultNoPopulate|pagetable.FaultWrite)
+		require.NoError(t, err)
+		require.Equal(t, 1, made)
+	}
+	require.Equal(t, st0.Syscalls, as.Stats().Syscalls)
+	buf := make([]byte, 1)
+	_, r = tab.CopyOut(page(5), buf)
+	require.Equal(t, pagetable.OK, r)
+	require.Equal(t, byte(5), buf[0])
+}
+
+// TestODPNoPopulateCountsEachPageOnce: FaultNoPopulate without
+// FaultPrefetch counts the pages it was asked for once each, although the
+// pages it skips split its batches.
+func TestODPNoPopulateCountsEachPageOnce(t *testing.T) {
+	as := newAS(t, 16<<20)
+	mem, tab := newODP(t, as, 8, nil)
+	base := hostmem.AddrOf(mem)
+	mem[2*ps], mem[5*ps] = 1, 1
+	made, err := tab.Fault(base, 8*ps, pagetable.FaultNoPopulate)
+	require.NoError(t, err)
+	require.Equal(t, 2, made)
+	st := tab.Stats()
+	require.EqualValues(t, 8, st.PageFaults)
+	require.EqualValues(t, 2, st.PageFaultsHandled)
 }

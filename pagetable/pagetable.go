@@ -5,12 +5,14 @@
 // mmu_interval_notifier: read_begin / read_retry). The copy loops walk the
 // table page by page and never assume that frames are contiguous.
 //
-// Two kinds of table share the entry format: Table, a pinned region, whose
-// entries are present from registration to release; and ODP, an on-demand
-// region (explicit or implicit), whose entries start not present and are
+// Two kinds of table share the flags: Table, a pinned region, whose
+// entries (frame and flags) are present from registration to release and
+// point into the NIC's view of the memory; and ODP, an on-demand region
+// (explicit or implicit), whose entries are flags only (a page is reached
+// through the application's view, at its IOVA), start not present, and are
 // filled by Fault and cleared by invalidation and by the Budget's eviction
 // (see odp.go and docs/odp.md). Remapping (dirty bits, switching frames)
-// builds on the same entries and sequence count; see docs/memory.md.
+// builds on the same flags and sequence count; see docs/memory.md.
 package pagetable
 
 import (

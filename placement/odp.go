@@ -258,14 +258,21 @@ func (e *Engine) FaultCursor(c *Cursor, n uint64) Status {
 }
 
 // FaultRemote resolves, inline, the page faults of [va, va+n) in the ODP MR
-// named by rkey (an atomic's word, or the rest of a message after an RNR
-// NAK). A key or bounds failure is RemoteAccessErr, as is a page that
-// cannot be faulted in; a pinned MR is OK at once.
+// named by rkey (an atomic's word). A key or bounds failure is
+// RemoteAccessErr, as is a page that cannot be faulted in; a pinned MR is
+// OK at once. Like FaultCursor it makes no system call for the pages: one
+// nobody has touched is populated by the kernel in the copy that follows.
 func (e *Engine) FaultRemote(pd, rkey uint32, va, n uint64, write bool) Status {
+	return e.faultRemote(pd, rkey, va, n, write, 0)
+}
+
+// faultRemote is FaultRemote with extra fault flags (FaultPopulate for the
+// background).
+func (e *Engine) faultRemote(pd, rkey uint32, va, n uint64, write bool, fl pagetable.FaultFlags) Status {
 	need := stag.AccessRemoteRead
-	fl := pagetable.FaultFlags(0)
 	if write {
-		need, fl = stag.AccessRemoteWrite, pagetable.FaultWrite
+		need = stag.AccessRemoteWrite
+		fl |= pagetable.FaultWrite
 	}
 	ent, r := e.mrs.Acquire(pd, stag.STag(rkey), 0)
 	if r != stag.OK {
@@ -290,8 +297,11 @@ func (e *Engine) FaultRemote(pd, rkey uint32, va, n uint64, write bool) Status {
 
 // FaultAsync is FaultRemote in the background, best effort: the
 // responder's `rnr` policy answers an RNR NAK and lets the fault run while
-// the requester backs off. At most maxAsyncFaults run at once; beyond that
-// the request is dropped (the retried packet faults again) and false is
+// the requester backs off (the rest of a message after an RNR NAK). It
+// populates the pages nobody has touched yet (FaultPopulate), so that the
+// retried packet's copy does not take the kernel's page fault on the
+// receive loop. At most maxAsyncFaults run at once; beyond that the
+// request is dropped (the retried packet faults again) and false is
 // returned.
 func (e *Engine) FaultAsync(pd, rkey uint32, va, n uint64, write bool) bool {
 	select {
@@ -301,7 +311,7 @@ func (e *Engine) FaultAsync(pd, rkey uint32, va, n uint64, write bool) bool {
 	}
 	go func() {
 		defer func() { <-e.asyncSem }()
-		e.FaultRemote(pd, rkey, va, n, write)
+		e.faultRemote(pd, rkey, va, n, write, pagetable.FaultPopulate)
 	}()
 	return true
 }
@@ -347,10 +357,11 @@ const maxAsyncFaults = 16
 
 // AdviseMR gives advice about ranges of ODP MRs of pd (ibv_advise_mr): each
 // SGE names a range of the MR whose lkey it carries. PREFETCH and
-// PREFETCH_WRITE make the pages present (readable, or writable), faulting
-// in those the host has never touched; PREFETCH_NO_FAULT maps only the
-// pages the host holds. With AdviseFlagFlush the call returns when the
-// translations are installed; without it the work runs in the background
+// PREFETCH_WRITE make the pages present (readable, or writable),
+// populating those the host has never touched (FaultPopulate);
+// PREFETCH_NO_FAULT maps only the pages the host holds. With
+// AdviseFlagFlush the call returns when the translations are installed;
+// without it the work runs in the background
 // and AdviseMR returns at once (best effort: a page that cannot be faulted
 // in is skipped). Prefetched pages count as page_prefetch.
 //
@@ -371,8 +382,10 @@ func (e *Engine) AdviseMR(pd uint32, advice Advice, flags uint32, sgl []SGE) err
 	}
 	fl := pagetable.FaultPrefetch
 	switch advice {
+	case AdvisePrefetch:
+		fl |= pagetable.FaultPopulate
 	case AdvisePrefetchWrite:
-		fl |= pagetable.FaultWrite
+		fl |= pagetable.FaultWrite | pagetable.FaultPopulate
 	case AdvisePrefetchNoFault:
 		fl |= pagetable.FaultNoPopulate
 	}
