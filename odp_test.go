@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"math/rand/v2"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -193,7 +194,7 @@ func TestODPInvalidationDuringWrites(t *testing.T) {
 		stop := make(chan struct{})
 		var wg sync.WaitGroup
 		var migErr error
-		migrations := 0
+		var migrations atomic.Int64
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -208,7 +209,7 @@ func TestODPInvalidationDuringWrites(t *testing.T) {
 					migErr = err
 					return
 				}
-				migrations++
+				migrations.Add(1)
 				// The old frames must not change any more: snapshot them,
 				// let a few writes land, compare.
 				old := make([][]byte, len(m.Old))
@@ -222,6 +223,7 @@ func TestODPInvalidationDuringWrites(t *testing.T) {
 						m.Release()
 						return
 					default:
+						runtime.Gosched()
 					}
 				}
 				for i, f := range m.Old {
@@ -235,8 +237,11 @@ func TestODPInvalidationDuringWrites(t *testing.T) {
 				}
 			}
 		}()
-		const rounds = 200
-		for i := range rounds {
+		// At least 200 writes, and on until 10 migrations have raced them
+		// (a loaded machine may starve the migrator for a while).
+		const rounds, minMigrations = 200, 10
+		i := 0
+		for ; (i < rounds || migrations.Load() < minMigrations) && i < 100*rounds; i++ {
 			fill(uint64(100+i), src)
 			write(t, p.A, srcMR, 0, len(src), dstMR, dstMR.Addr())
 			writes.Add(1)
@@ -244,13 +249,13 @@ func TestODPInvalidationDuringWrites(t *testing.T) {
 		close(stop)
 		wg.Wait()
 		require.NoError(t, migErr)
-		require.Greater(t, migrations, 3, "the migrations raced the writes")
+		require.GreaterOrEqual(t, migrations.Load(), int64(minMigrations), "the migrations raced the writes")
 		require.True(t, bytes.Equal(src, dst), "the last write is what the application sees")
 		st := dstMR.ODPStats()
 		require.Positive(t, st.PageInvalidations)
 		require.Equal(t, st.PageInvalidations, st.PageInvalidationsHandled)
 		require.Greater(t, st.PageFaultsHandled, int64(pages), "pages faulted in again after invalidations")
-		t.Logf("%d writes, %d migrations, %+v", rounds, migrations, st.ODPStats)
+		t.Logf("%d writes, %d migrations, %+v", i, migrations.Load(), st.ODPStats)
 	})
 }
 
