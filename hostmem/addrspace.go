@@ -41,6 +41,17 @@ type Config struct {
 	// mapping's). Rounded up to 2 MiB. 0: DefaultSize. Nothing is committed
 	// up front: the reservation is PROT_NONE and the memfd is sparse.
 	Size int64
+	// FramePool is the most frames the migration pool keeps (0:
+	// DefaultFramePool; negative: no pool). A migration's old frames join
+	// the pool at Release with their memory and bytes, and later
+	// migrations take their new frames from it instead of populating
+	// fresh ones; frames beyond the bound are punched out as without a
+	// pool. Only migrations get pooled frames (they overwrite them), never
+	// Alloc. A pooled frame is handed out only once 256 more have joined
+	// the pool after it, so a bound of 256 frames or less pools nothing.
+	// The pool holds memory: up to FramePool pages of the memfd stay
+	// allocated while no page uses them.
+	FramePool int
 }
 
 // Range is a range of application addresses [Start, End).
@@ -216,7 +227,14 @@ func NewAddressSpace(cfg Config) (*AddressSpace, error) {
 		dir:     make([]atomic.Pointer[ptChunk], n>>(PageShift+chunkShift)),
 	}
 	s.mu.free = extents{{0, s.npages}}
-	s.frames.init(uint32(s.npages))
+	pool := cfg.FramePool
+	switch {
+	case pool == 0:
+		pool = DefaultFramePool
+	case pool < 0:
+		pool = 0
+	}
+	s.frames.init(uint32(s.npages), pool)
 	s.subs.ended.L = &s.subs.Mutex
 	return s, nil
 }
@@ -402,7 +420,7 @@ func (s *AddressSpace) AllocAt(addr uint64, size int) ([]byte, error) {
 // mapFresh maps n fresh frames at pages [p, p+n). Called with mu.
 func (s *AddressSpace) mapFresh(p, n uintptr) error {
 	frames := make([]Frame, n)
-	if err := s.frames.alloc(frames); err != nil {
+	if err := s.frames.alloc(s, frames); err != nil {
 		return err
 	}
 	if err := s.mapFrames(p, frames, nil); err != nil {
@@ -699,7 +717,8 @@ func (s *AddressSpace) populateFrames(f Frame, n int, acc Access) error {
 type Stats struct {
 	MappedPages   int   // application pages mapped
 	FramesInUse   int   // frames mapped, held by pins after a Free, or held by migrations
-	FramesFree    int   // released frames waiting to be reused
+	FramesFree    int   // released frames waiting to be reused (punched out: they read zeros)
+	FramesPooled  int   // frames in the migration pool (memory and old bytes kept, for migrations only)
 	FramesUnused  int   // frames never handed out
 	Populated     int64 // frames Resolve populated
 	Invalidations int64 // Invalidate callbacks made
@@ -711,11 +730,12 @@ func (s *AddressSpace) Stats() Stats {
 	s.mu.Lock()
 	mapped := s.mu.mapped
 	s.mu.Unlock()
-	inUse, free, unused := s.frames.counts()
+	inUse, free, pooled, unused := s.frames.counts()
 	return Stats{
 		MappedPages:   mapped,
 		FramesInUse:   inUse,
 		FramesFree:    free,
+		FramesPooled:  pooled,
 		FramesUnused:  unused,
 		Populated:     s.stats.populated.Load(),
 		Invalidations: s.stats.invalidations.Load(),

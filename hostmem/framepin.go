@@ -140,30 +140,20 @@ func (fp *FramePin) PrepareMigrate() (*Migration, error) {
 		return nil, errors.New("hostmem: migrate of a released pin")
 	}
 	s := fp.as
-	m := &Migration{Addr: fp.addr, Old: make([]Frame, len(fp.frames)), New: make([]Frame, len(fp.frames)), as: s, pin: fp}
 	p, _, err := s.checkRange("migrate", fp.addr, len(fp.frames)<<PageShift)
 	if err != nil {
 		return nil, err
 	}
-	m.p = p
+	m := newMigration(s, fp.addr, p, len(fp.frames))
+	m.pin = fp
 	if err := s.prepareMigrate(m); err != nil {
 		return nil, err
-	}
-	var perr error
-	forFrameRuns(m.New, func(f Frame, k int) {
-		if perr == nil {
-			perr = populate(s.frameRun(f, k), uintptr(s.FramePointer(f)), uintptr(k), true)
-		}
-	})
-	if perr != nil {
-		s.frames.release(s, m.New)
-		return nil, fmt.Errorf("hostmem: migrate pinned %#x: %w", fp.addr, perr)
 	}
 	// Lock the new frames now, outside the caller's critical section
 	// (mlock of 1 MiB costs some 200 µs here).
 	locked, err := fp.lockNew(m.New)
 	if err != nil {
-		s.frames.release(s, m.New)
+		s.frames.recycle(s, m.New, nil)
 		return nil, fmt.Errorf("hostmem: migrate pinned %#x: %w", fp.addr, err)
 	}
 	m.newLocked = locked
@@ -171,7 +161,7 @@ func (fp *FramePin) PrepareMigrate() (*Migration, error) {
 }
 
 // lockNew references and locks the new frames of a pinned migration,
-// before the switch. Called under mu by Commit. On failure nothing is held.
+// before the switch (PrepareMigrate). On failure nothing is held.
 func (fp *FramePin) lockNew(new []Frame) ([]frameRun, error) {
 	s := fp.as
 	s.frames.pin(new)

@@ -20,7 +20,7 @@ import (
 //		return nil
 //	})                                 // app view switched, counts even
 //	... check m.Old frames if wanted ...
-//	m.Release()                        // old frames back to the pool
+//	m.Release()                        // old frames to the migration pool
 //
 // The application must not write the range while a migration copies it:
 // the kernel stops CPU access with migration entries, and a user-space
@@ -45,6 +45,13 @@ type Migration struct {
 	// Commit, the old frames' runs, unlocked and unpinned at Release.
 	pin                  *FramePin
 	newLocked, oldLocked []frameRun
+	// oldPopulated, after Commit: whether each old frame is known to hold
+	// a page (its page map entry said so), for the migration pool.
+	oldPopulated []bool
+	// copied has bit i set once page i was copied (CopyPage): Commit
+	// copies the pages never copied, since a new frame from the pool holds
+	// another page's old bytes.
+	copied []uint64
 }
 
 type migrationState uint8
@@ -52,14 +59,18 @@ type migrationState uint8
 const (
 	migrationPrepared migrationState = iota
 	migrationCommitted
-	migrationAborted  // before commit: New released
-	migrationReleased // after commit: Old released
+	migrationAborted  // before commit: New given back
+	migrationReleased // after commit: Old given back
 )
 
 // PrepareMigrate reserves new frames for npages pages from addr (page
 // aligned, all mapped), allocates their memory, and returns the migration.
-// Nothing changes until Commit; Abort gives the new frames back. Pinned pages cannot move
-// (ErrPinned), as the kernel does not migrate pinned pages.
+// The new frames come from the migration pool when it has some (frames
+// earlier migrations gave back, still holding memory and their old bytes:
+// the migration must copy every page, CopyPage, before Commit), else
+// fresh frames are populated. Nothing changes until Commit; Abort gives the
+// new frames back. Pinned pages cannot move (ErrPinned), as the kernel
+// does not migrate pinned pages.
 func (s *AddressSpace) PrepareMigrate(addr uint64, npages int) (*Migration, error) {
 	if npages <= 0 {
 		return nil, fmt.Errorf("hostmem: migrate %#x: %d pages", addr, npages)
@@ -68,46 +79,60 @@ func (s *AddressSpace) PrepareMigrate(addr uint64, npages int) (*Migration, erro
 	if err != nil {
 		return nil, err
 	}
-	m := &Migration{Addr: addr, Old: make([]Frame, n), New: make([]Frame, n), as: s, p: p}
+	m := newMigration(s, addr, p, int(n))
 	if err := s.prepareMigrate(m); err != nil {
 		return nil, err
 	}
-	// Allocate the new frames' memory now, one system call per run and
-	// without mu, so that the copies (and the critical section) take no
-	// page faults.
+	return m, nil
+}
+
+func newMigration(s *AddressSpace, addr uint64, p uintptr, n int) *Migration {
+	return &Migration{Addr: addr, Old: make([]Frame, n), New: make([]Frame, n), as: s, p: p, copied: make([]uint64, (n+63)/64)}
+}
+
+// prepareMigrate reads the old frames and allocates the new ones (under
+// mu), then allocates the memory of the new frames that may have none
+// (without mu).
+func (s *AddressSpace) prepareMigrate(m *Migration) error {
+	unpopulated, err := s.allocMigration(m)
+	if err != nil {
+		return err
+	}
+	// One system call per run, so that the copies (and the critical
+	// section) take no page faults.
 	var perr error
-	forFrameRuns(m.New, func(f Frame, k int) {
+	forFrameRuns(unpopulated, func(f Frame, k int) {
 		if perr == nil {
 			perr = populate(s.frameRun(f, k), uintptr(s.FramePointer(f)), uintptr(k), true)
 		}
 	})
 	if perr != nil {
 		s.frames.release(s, m.New)
-		return nil, fmt.Errorf("hostmem: migrate %#x+%d pages: %w", addr, npages, perr)
+		return fmt.Errorf("hostmem: migrate %#x+%d pages: %w", m.Addr, len(m.New), perr)
 	}
-	return m, nil
+	return nil
 }
 
-// prepareMigrate reads the old frames and allocates the new ones, under mu.
-func (s *AddressSpace) prepareMigrate(m *Migration) error {
+func (s *AddressSpace) allocMigration(m *Migration) ([]Frame, error) {
 	if err := s.lockOpen(); err != nil {
-		return err
+		return nil, err
 	}
 	defer s.mu.Unlock()
 	n := uintptr(len(m.Old))
 	if err := s.checkMapped("migrate", m.p, n); err != nil {
-		return err
+		return nil, err
 	}
 	for i := range m.Old {
 		m.Old[i] = Frame(s.pte(m.p+uintptr(i)).Load()&pteFrame - 1)
 	}
 	if err := m.checkPins(); err != nil {
-		return err
+		return nil, err
 	}
-	if err := s.frames.alloc(m.New); err != nil {
-		return fmt.Errorf("hostmem: migrate %#x+%d pages: %w", m.Addr, n, err)
+	unpopulated, err := s.frames.allocMigration(s, m.New)
+	if err != nil {
+		return nil, fmt.Errorf("hostmem: migrate %#x+%d pages: %w", m.Addr, n, err)
 	}
-	return nil
+	return unpopulated, nil
 }
 
 // Pages returns the number of pages migrated.
@@ -117,6 +142,7 @@ func (m *Migration) Pages() int { return len(m.Old) }
 // NIC view.
 func (m *Migration) CopyPage(i int) {
 	copy(m.as.FrameBytes(m.New[i]), m.as.FrameBytes(m.Old[i]))
+	m.copied[i/64] |= 1 << (i % 64)
 }
 
 // Commit switches the pages to the new frames. Under mu, it checks that
@@ -146,7 +172,7 @@ func (m *Migration) Commit(copyDirty func(m *Migration) error) error {
 	if err != nil {
 		m.state = migrationAborted
 		if !s.closed.Load() {
-			s.frames.release(s, m.New)
+			s.frames.recycle(s, m.New, nil)
 		}
 		return err
 	}
@@ -163,12 +189,15 @@ func (m *Migration) commit(copyDirty func(m *Migration) error) error {
 	n := uintptr(len(m.Old))
 	vals := make([]uint64, n)
 	ro := make([]bool, n)
+	populated := make([]bool, n)
 	for i := range vals {
 		vals[i] = s.pte(m.p + uintptr(i)).Load()
 		if vals[i]&pteFrame != uint64(m.Old[i])+1 {
 			return fmt.Errorf("%w: migrate %#x+%d pages: page %d", ErrRaced, m.Addr, n, i)
 		}
 		ro[i] = vals[i]&pteReadOnly != 0
+		// A pinned frame was populated by its pin.
+		populated[i] = vals[i]&ptePopulated != 0 || m.pin != nil
 	}
 	if err := m.checkPins(); err != nil {
 		return err
@@ -190,6 +219,18 @@ func (m *Migration) commit(copyDirty func(m *Migration) error) error {
 		unlockNew()
 		return fmt.Errorf("hostmem: migrate %#x+%d pages: %w", m.Addr, n, err)
 	}
+	// A page never copied (no pre-copy) is copied now: its new frame may
+	// come from the pool, holding another page's bytes.
+	for w, bits := range m.copied {
+		if bits == ^uint64(0) {
+			continue
+		}
+		for i := w * 64; i < min(w*64+64, len(m.Old)); i++ {
+			if bits&(1<<(i%64)) == 0 {
+				m.CopyPage(i)
+			}
+		}
+	}
 	if err := s.mapFrames(m.p, m.New, ro); err != nil {
 		// mapFrames left part of the range PROT_NONE: map the old frames
 		// back, so that the application keeps its memory.
@@ -206,6 +247,7 @@ func (m *Migration) commit(copyDirty func(m *Migration) error) error {
 		m.oldLocked = m.pin.moveTo(m.New, m.newLocked)
 		m.newLocked = nil
 	}
+	m.oldPopulated = populated
 	return nil
 }
 
@@ -238,7 +280,7 @@ func (m *Migration) Abort() {
 		m.newLocked = nil
 	}
 	if !s.closed.Load() {
-		s.frames.release(s, m.New)
+		s.frames.recycle(s, m.New, nil)
 	}
 }
 
@@ -260,8 +302,9 @@ func (m *Migration) Release() {
 			s.frames.unpin(s, m.Old)
 		}
 		if !s.closed.Load() {
-			s.frames.release(s, m.Old)
+			s.frames.recycle(s, m.Old, m.oldPopulated)
 		}
+		m.oldPopulated = nil
 	}
 }
 
