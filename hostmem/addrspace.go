@@ -263,6 +263,7 @@ func (s *AddressSpace) Close() error {
 	if npins := s.frames.pinnedFrames(); npins > 0 {
 		return fmt.Errorf("%w: close: %d frames pinned", ErrBusy, npins)
 	}
+	s.frames.drainPool(s)
 	s.closed.Store(true)
 	err := errors.Join(unix.MunmapPtr(s.appBase, s.size), unix.MunmapPtr(s.nicBase, s.size), unix.Close(s.fd))
 	if err != nil {
@@ -715,14 +716,17 @@ func (s *AddressSpace) populateFrames(f Frame, n int, acc Access) error {
 
 // Stats are counters of an AddressSpace.
 type Stats struct {
-	MappedPages   int   // application pages mapped
-	FramesInUse   int   // frames mapped, held by pins after a Free, or held by migrations
-	FramesFree    int   // released frames waiting to be reused (punched out: they read zeros)
-	FramesPooled  int   // frames in the migration pool (memory and old bytes kept, for migrations only)
-	FramesUnused  int   // frames never handed out
-	Populated     int64 // frames Resolve populated
-	Invalidations int64 // Invalidate callbacks made
-	MigratedPages int64 // pages moved by committed migrations
+	MappedPages  int // application pages mapped
+	FramesInUse  int // frames mapped, held by pins after a Free, or held by migrations
+	FramesFree   int // released frames waiting to be reused (punched out: they read zeros)
+	FramesPooled int // frames in the migration pool (memory and old bytes kept, for migrations only)
+	// FramesPooledLocked are the pooled frames kept locked for pinned
+	// migrations (only when the process may lock without limit).
+	FramesPooledLocked int
+	FramesUnused       int   // frames never handed out
+	Populated          int64 // frames Resolve populated
+	Invalidations      int64 // Invalidate callbacks made
+	MigratedPages      int64 // pages moved by committed migrations
 }
 
 // Stats returns the current counters.
@@ -730,15 +734,16 @@ func (s *AddressSpace) Stats() Stats {
 	s.mu.Lock()
 	mapped := s.mu.mapped
 	s.mu.Unlock()
-	inUse, free, pooled, unused := s.frames.counts()
+	inUse, free, pooled, pooledLocked, unused := s.frames.counts()
 	return Stats{
-		MappedPages:   mapped,
-		FramesInUse:   inUse,
-		FramesFree:    free,
-		FramesPooled:  pooled,
-		FramesUnused:  unused,
-		Populated:     s.stats.populated.Load(),
-		Invalidations: s.stats.invalidations.Load(),
-		MigratedPages: s.stats.migrated.Load(),
+		MappedPages:        mapped,
+		FramesInUse:        inUse,
+		FramesFree:         free,
+		FramesPooled:       pooled,
+		FramesPooledLocked: pooledLocked,
+		FramesUnused:       unused,
+		Populated:          s.stats.populated.Load(),
+		Invalidations:      s.stats.invalidations.Load(),
+		MigratedPages:      s.stats.migrated.Load(),
 	}
 }

@@ -2,6 +2,7 @@ package hostmem
 
 import (
 	"errors"
+	"runtime"
 	"slices"
 	"testing"
 
@@ -185,61 +186,116 @@ func bytesOf(n int, v byte) []byte {
 }
 
 // TestPoolPinnedAccounting: pinned migrations through the pool keep the
-// account's charge, the process's lock counts and the kernel's VmLck as
-// they were; pooled frames are neither pinned nor locked.
+// account's charge and the pins as they were; the process's lock counts
+// and the kernel's VmLck grow by the pooled frames kept locked and by
+// nothing else. With CAP_IPC_LOCK the pool keeps a pinned migration's old
+// frames locked, and the next pinned migration takes them over without an
+// mlock; without it (and with a finite RLIMIT_MEMLOCK) it unlocks them.
+// Close unlocks what the pool kept.
 func TestPoolPinnedAccounting(t *testing.T) {
 	const n = 2 * poolQuarantine
-	s := newSpace(t, testSpace)
-	acct := NewPinAccount(1 << 30)
-	b, err := s.Alloc(n * PageSize)
-	require.NoError(t, err)
-	fill(b, 4)
-	want := filled(len(b), 4)
-	addr := AddrOf(b)
-	lck0, pages0 := vmLckKB(t), PinnedPages()
-	fp, err := s.Pin(acct, addr, len(b), true)
-	require.NoError(t, err)
-	check := func(round int) {
-		t.Helper()
-		require.EqualValues(t, n*PageSize, acct.Pinned(), "round %d: the charge does not change", round)
-		require.EqualValues(t, n*PageSize, acct.Peak(), "round %d", round)
-		require.Equal(t, lck0+n*PageSize/1024, vmLckKB(t), "round %d: VmLck", round)
-		require.Equal(t, pages0+n, PinnedPages(), "round %d: locked pages", round)
-		require.Equal(t, n, s.frames.pinnedFrames(), "round %d: pinned frames", round)
-		require.Equal(t, want, b, "round %d", round)
+	for _, privileged := range []bool{true, false} {
+		t.Run(map[bool]string{true: "CAP_IPC_LOCK", false: "RLIMIT_MEMLOCK"}[privileged], func(t *testing.T) {
+			if !HasCapIPCLock() {
+				t.Skip("needs CAP_IPC_LOCK (to have it, and to be able to drop it)")
+			}
+			var rl unix.Rlimit
+			require.NoError(t, unix.Getrlimit(unix.RLIMIT_MEMLOCK, &rl))
+			if !privileged && (rl.Cur == unix.RLIM_INFINITY || rl.Cur < 3*n*PageSize) {
+				t.Skipf("RLIMIT_MEMLOCK is %d: the test needs a finite one of at least %d", rl.Cur, 3*n*PageSize)
+			}
+			s := newSpace(t, testSpace)
+			acct := NewPinAccount(1 << 30)
+			b, err := s.Alloc(n * PageSize)
+			require.NoError(t, err)
+			fill(b, 4)
+			want := filled(len(b), 4)
+			addr := AddrOf(b)
+			lck0, pages0 := vmLckKB(t), PinnedPages()
+			fp, err := s.Pin(acct, addr, len(b), true)
+			require.NoError(t, err)
+			check := func(round int) {
+				t.Helper()
+				st := s.Stats()
+				if privileged {
+					require.Equal(t, st.FramesPooled, st.FramesPooledLocked, "round %d: pooled frames kept locked", round)
+				} else {
+					require.Zero(t, st.FramesPooledLocked, "round %d: pooled frames unlocked", round)
+				}
+				require.EqualValues(t, n*PageSize, acct.Pinned(), "round %d: the charge does not change", round)
+				require.EqualValues(t, n*PageSize, acct.Peak(), "round %d", round)
+				require.Equal(t, lck0+(n+st.FramesPooledLocked)*PageSize/1024, vmLckKB(t), "round %d: VmLck", round)
+				require.Equal(t, pages0+n+st.FramesPooledLocked, PinnedPages(), "round %d: locked pages", round)
+				require.Equal(t, n, s.frames.pinnedFrames(), "round %d: pinned frames", round)
+				require.Equal(t, want, b, "round %d", round)
+			}
+			check(-1)
+			// migrate runs the rounds, without CAP_IPC_LOCK in the second
+			// case (on a thread that dies with the goroutine).
+			migrate := func() error {
+				var firstOld []Frame
+				for round := range 3 {
+					m, err := fp.PrepareMigrate()
+					if err != nil {
+						return err
+					}
+					for i := range m.Pages() {
+						m.CopyPage(i)
+					}
+					if err := m.Commit(nil); err != nil {
+						return err
+					}
+					if !slices.Equal(m.New, fp.Frames()) {
+						return errors.New("the pin did not move")
+					}
+					m.Release()
+					switch round {
+					case 0:
+						firstOld = slices.Clone(m.Old)
+					case 2:
+						// Round 1 took half of round 0's old frames (the
+						// rest were in the quarantine); round 2 the
+						// other half first.
+						if !slices.Equal(firstOld[n/2:], m.New[:n/2]) {
+							return errors.New("round 2 did not take pooled frames")
+						}
+					}
+				}
+				return nil
+			}
+			if privileged {
+				require.NoError(t, migrate())
+			} else {
+				ch := make(chan error)
+				go func() {
+					runtime.LockOSThread()
+					hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+					var data [2]unix.CapUserData
+					if err := unix.Capget(&hdr, &data[0]); err != nil {
+						ch <- err
+						return
+					}
+					data[0].Effective &^= 1 << capIPCLock
+					if err := unix.Capset(&hdr, &data[0]); err != nil {
+						ch <- err
+						return
+					}
+					ch <- migrate()
+				}()
+				require.NoError(t, <-ch)
+			}
+			check(3)
+			if privileged {
+				require.Positive(t, s.Stats().FramesPooledLocked)
+			}
+			require.NoError(t, fp.Unpin())
+			require.Zero(t, acct.Pinned())
+			require.Zero(t, s.frames.pinnedFrames())
+			require.NoError(t, s.Close())
+			require.Equal(t, lck0, vmLckKB(t), "Close unlocks the pool")
+			require.Equal(t, pages0, PinnedPages())
+		})
 	}
-	check(-1)
-	var firstOld []Frame
-	for round := range 3 {
-		m, err := fp.PrepareMigrate()
-		require.NoError(t, err)
-		for i := range m.Pages() {
-			m.CopyPage(i)
-		}
-		require.NoError(t, m.Commit(nil))
-		require.Equal(t, m.New, fp.Frames())
-		m.Release()
-		check(round)
-		switch round {
-		case 0:
-			firstOld = slices.Clone(m.Old)
-		case 2:
-			// Round 1 took half of round 0's old frames (the rest were
-			// in the quarantine); round 2 the other half first.
-			require.Equal(t, firstOld[n/2:], m.New[:n/2], "pooled frames")
-		}
-		for _, f := range m.Old {
-			pageRefs.Lock()
-			_, locked := pageRefs.count[uintptr(s.FramePointer(f))]
-			pageRefs.Unlock()
-			require.False(t, locked, "a pooled frame is not locked")
-		}
-	}
-	require.NoError(t, fp.Unpin())
-	require.Equal(t, lck0, vmLckKB(t))
-	require.Equal(t, pages0, PinnedPages())
-	require.Zero(t, acct.Pinned())
-	require.Zero(t, s.frames.pinnedFrames())
 }
 
 // TestPoolTakesAbortedFrames: the new frames of an aborted migration join
@@ -255,4 +311,110 @@ func TestPoolTakesAbortedFrames(t *testing.T) {
 	m.Abort()
 	require.Equal(t, inUse, s.Stats().FramesInUse)
 	require.Equal(t, 4, s.Stats().FramesPooled)
+}
+
+// TestCommitSeesPinsTakenAfterPrepare: a Pin of the range between
+// PrepareMigrate and Commit makes the Commit fail with ErrPinned (Commit
+// skips the per-frame check only when no pin changed), for a plain and
+// for a pinned migration, and the new frames go back.
+func TestCommitSeesPinsTakenAfterPrepare(t *testing.T) {
+	s := newSpace(t, testSpace)
+	acct := NewPinAccount(1 << 30)
+	b, err := s.Alloc(8 * PageSize)
+	require.NoError(t, err)
+	fill(b, 6)
+	addr := AddrOf(b)
+	before := frames(t, s, addr, 8)
+
+	m, err := s.PrepareMigrate(addr, 8)
+	require.NoError(t, err)
+	for i := range m.Pages() {
+		m.CopyPage(i)
+	}
+	fp, err := s.Pin(acct, addr, len(b), true)
+	require.NoError(t, err)
+	require.ErrorIs(t, m.Commit(nil), ErrPinned)
+	require.Equal(t, before, frames(t, s, addr, 8))
+	require.Equal(t, 8, s.Stats().FramesPooled, "the new frames went to the pool")
+
+	// The pin's owner prepares; another pin arrives before the commit.
+	pinned0 := PinnedPages()
+	m, err = fp.PrepareMigrate()
+	require.NoError(t, err)
+	for i := range m.Pages() {
+		m.CopyPage(i)
+	}
+	fp2, err := s.Pin(acct, addr, len(b), true)
+	require.NoError(t, err)
+	require.ErrorIs(t, m.Commit(nil), ErrPinned)
+	require.Equal(t, before, fp.Frames())
+	require.Equal(t, before, frames(t, s, addr, 8))
+	require.Equal(t, 8, s.frames.pinnedFrames(), "the new frames were unpinned")
+	st := s.Stats()
+	require.Equal(t, pinned0+st.FramesPooledLocked, PinnedPages(), "only the pool holds the new frames' locks")
+	require.NoError(t, fp2.Unpin())
+	require.NoError(t, fp.Unpin())
+	require.Equal(t, filled(len(b), 6), b)
+}
+
+// TestPinnedCommitRacedGivesBackNewFrames: of two migrations of one pin,
+// the second to commit fails (ErrRaced) and gives its new frames back,
+// unpinned.
+func TestPinnedCommitRacedGivesBackNewFrames(t *testing.T) {
+	s := newSpace(t, testSpace)
+	acct := NewPinAccount(1 << 30)
+	b, err := s.Alloc(8 * PageSize)
+	require.NoError(t, err)
+	fill(b, 7)
+	fp, err := s.Pin(acct, AddrOf(b), len(b), true)
+	require.NoError(t, err)
+	pages0 := PinnedPages()
+	m1, err := fp.PrepareMigrate()
+	require.NoError(t, err)
+	m2, err := fp.PrepareMigrate()
+	require.NoError(t, err)
+	require.Equal(t, 24, s.frames.pinnedFrames())
+	require.NoError(t, m1.Commit(nil))
+	require.ErrorIs(t, m2.Commit(nil), ErrRaced)
+	require.Equal(t, 16, s.frames.pinnedFrames(), "m2's new frames unpinned; m1's old ones until Release")
+	m1.Release()
+	m2.Release()
+	require.Equal(t, 8, s.frames.pinnedFrames())
+	require.Equal(t, m1.New, fp.Frames())
+	require.Equal(t, pages0+s.Stats().FramesPooledLocked, PinnedPages())
+	require.Equal(t, filled(len(b), 7), b)
+	require.NoError(t, fp.Unpin())
+}
+
+// TestPlainMigrationUnlocksPooledFrames: a plain migration that gets
+// pooled frames kept locked for pinned migrations unlocks them.
+func TestPlainMigrationUnlocksPooledFrames(t *testing.T) {
+	if !lockUnlimited() {
+		t.Skip("the pool keeps frames locked only with CAP_IPC_LOCK or no RLIMIT_MEMLOCK")
+	}
+	const n = 2 * poolQuarantine
+	s := newSpace(t, testSpace)
+	acct := NewPinAccount(1 << 30)
+	a, err := s.Alloc(n * PageSize)
+	require.NoError(t, err)
+	fp, err := s.Pin(acct, AddrOf(a), len(a), true)
+	require.NoError(t, err)
+	m, err := fp.PrepareMigrate()
+	require.NoError(t, err)
+	require.NoError(t, m.Commit(nil))
+	m.Release()
+	require.NoError(t, fp.Unpin())
+	require.Equal(t, n, s.Stats().FramesPooledLocked)
+	lck, pages := vmLckKB(t), PinnedPages()
+
+	b, err := s.Alloc(poolQuarantine * PageSize)
+	require.NoError(t, err)
+	fill(b, 8)
+	m, err = s.Migrate(AddrOf(b), poolQuarantine)
+	require.NoError(t, err)
+	require.Equal(t, poolQuarantine, s.Stats().FramesPooledLocked)
+	require.Equal(t, lck-poolQuarantine*PageSize/1024, vmLckKB(t))
+	require.Equal(t, pages-poolQuarantine, PinnedPages())
+	require.Equal(t, filled(len(b), 8), b)
+	m.Release()
 }

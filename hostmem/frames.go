@@ -42,6 +42,17 @@ const DefaultFramePool = 4096
 // of fresh frames (some 2 ms per MiB on a loaded VM) and the hole punch of
 // the old ones (0.3-0.7 ms per MiB). Alloc never gets a pooled frame: when
 // it finds too few free frames, pooled ones are punched out first.
+//
+// A pinned migration's frames are locked (mlock of their NIC view). When
+// the process may lock memory without limit (CAP_IPC_LOCK, or
+// RLIMIT_MEMLOCK unlimited), they join the pool still locked, their lock
+// reference (pageRefs) handed to the pool, and the next pinned migration
+// takes them over as they are: neither the munlock at Release nor the
+// mlock at PrepareMigrate (some 100-200 µs per MiB each) is made. Without
+// that privilege they are unlocked first: locked memory that no PinAccount
+// is charged for would use up the RLIMIT_MEMLOCK the accounts check
+// against. A locked frame leaving the pool for anything else (a plain
+// migration, the hole punch, Close) is unlocked.
 type frameAllocator struct {
 	sync.Mutex
 	capacity uint32 // frames in the memfd
@@ -54,6 +65,10 @@ type frameAllocator struct {
 	pool     []pooledFrame
 	poolHead int
 	poolMax  int
+	// pinGen counts the changes of pins (pin and unpin calls): a
+	// migration that saw no change since its PrepareMigrate need not
+	// check its frames' pins again in the critical section.
+	pinGen uint64
 	// pins counts the FramePins holding each pinned frame.
 	pins map[Frame]int32
 	// orphans are pinned frames that their page lost (Free): released at
@@ -67,6 +82,9 @@ type pooledFrame struct {
 	// populated: the frame is known to hold a page (it was populated, or
 	// pinned); else it may be a hole, which a migration populates.
 	populated bool
+	// locked: the frame's NIC view is locked, and the pool holds its lock
+	// reference (pageRefs).
+	locked bool
 }
 
 func (a *frameAllocator) init(capacity uint32, poolMax int) {
@@ -93,7 +111,7 @@ func (a *frameAllocator) alloc(s *AddressSpace, out []Frame) error {
 func (a *frameAllocator) allocLocked(s *AddressSpace, out []Frame) error {
 	n := len(out)
 	if short := n - a.queued() - int(a.capacity-a.next); short > 0 && a.pooled() > 0 {
-		a.punchLocked(s, a.popPool(min(short, a.pooled())))
+		a.evictLocked(s, a.popPool(min(short, a.pooled())))
 	}
 	if n > a.queued()+int(a.capacity-a.next) {
 		return fmt.Errorf("%w: %d frames asked for, %d free", ErrNoFrames, n, a.queued()+int(a.capacity-a.next))
@@ -129,10 +147,11 @@ func (a *frameAllocator) pop() Frame {
 // frames beyond the pool's quarantine first (oldest first, so that runs of
 // contiguous frames stay together), then as alloc. It returns the frames
 // that may hold no page (fresh ones, pooled ones not known populated),
-// which the caller populates. The pooled frames keep the bytes of their
-// last page: the migration must overwrite every one (CopyPage of every
-// page) before the switch.
-func (a *frameAllocator) allocMigration(s *AddressSpace, out []Frame) (unpopulated []Frame, err error) {
+// which the caller populates, and whether each frame of out comes locked
+// (a pooled frame whose lock reference the caller now holds). The pooled
+// frames keep the bytes of their last page: the migration must overwrite
+// every one (CopyPage of every page) before the switch.
+func (a *frameAllocator) allocMigration(s *AddressSpace, out []Frame) (unpopulated []Frame, locked []bool, err error) {
 	a.Lock()
 	defer a.Unlock()
 	k := min(len(out), max(a.pooled()-poolQuarantine, 0))
@@ -143,29 +162,51 @@ func (a *frameAllocator) allocMigration(s *AddressSpace, out []Frame) (unpopulat
 		// Back at the head of the pool, as they were.
 		a.pool = append(taken, a.pool[a.poolHead:]...)
 		a.poolHead = 0
-		return nil, err
+		return nil, nil, err
 	}
 	a.compactPool()
+	locked = make([]bool, len(out))
 	for i, p := range taken {
 		out[i] = p.f
+		locked[i] = p.locked
 		if !p.populated {
 			unpopulated = append(unpopulated, p.f)
 		}
 	}
 	a.inUse += k
-	return append(unpopulated, out[k:]...), nil
+	return append(unpopulated, out[k:]...), locked, nil
 }
 
 // popPool removes the n oldest pooled frames.
-func (a *frameAllocator) popPool(n int) []Frame {
-	fs := make([]Frame, n)
-	for k := range fs {
-		fs[k] = a.pool[a.poolHead].f
-		a.pool[a.poolHead] = pooledFrame{}
-		a.poolHead++
-	}
+func (a *frameAllocator) popPool(n int) []pooledFrame {
+	ps := slices.Clone(a.pool[a.poolHead : a.poolHead+n])
+	clear(a.pool[a.poolHead : a.poolHead+n])
+	a.poolHead += n
 	a.compactPool()
-	return fs
+	return ps
+}
+
+// evictLocked unlocks the locked ones of frames taken out of the pool and
+// punches them all out.
+func (a *frameAllocator) evictLocked(s *AddressSpace, ps []pooledFrame) {
+	fs := make([]Frame, len(ps))
+	var locked []Frame
+	for i, p := range ps {
+		fs[i] = p.f
+		if p.locked {
+			locked = append(locked, p.f)
+		}
+	}
+	s.unlockFrames(locked)
+	a.punchLocked(s, fs)
+}
+
+// drainPool empties the pool: its locked frames are unlocked, and all are
+// punched out.
+func (a *frameAllocator) drainPool(s *AddressSpace) {
+	a.Lock()
+	defer a.Unlock()
+	a.evictLocked(s, a.popPool(a.pooled()))
 }
 
 func (a *frameAllocator) compactPool() {
@@ -180,25 +221,47 @@ func (a *frameAllocator) compactPool() {
 // recycle gives back frames of a migration: they join the migration pool
 // with their memory and bytes (populated[i] says whether frames[i] is known
 // to hold a page; nil: all are), and the oldest pooled frames beyond the
-// pool's bound are punched out and released. Pinned frames become orphans.
-func (a *frameAllocator) recycle(s *AddressSpace, frames []Frame, populated []bool) {
+// pool's bound are punched out and released. locked says that every frame
+// is locked and the caller hands its lock references over: the pool keeps
+// them locked if the process may lock without limit, else they are
+// unlocked. Pinned frames become orphans (unlocked).
+func (a *frameAllocator) recycle(s *AddressSpace, frames []Frame, populated []bool, locked bool) {
+	if locked && !lockUnlimited() {
+		s.unlockFrames(frames)
+		locked = false
+	}
 	a.Lock()
 	defer a.Unlock()
 	if a.poolMax <= 0 || s.closed.Load() {
+		if locked {
+			s.unlockFrames(frames)
+		}
 		a.releaseLocked(s, a.unpinnedLocked(frames))
 		return
 	}
+	var orphans []Frame
 	for i, f := range frames {
 		if a.pins[f] > 0 {
 			a.orphans[f] = struct{}{}
+			orphans = append(orphans, f)
 			continue
 		}
-		a.pool = append(a.pool, pooledFrame{f, populated == nil || populated[i]})
+		a.pool = append(a.pool, pooledFrame{f: f, populated: populated == nil || populated[i], locked: locked})
 		a.inUse--
 	}
-	if over := a.pooled() - a.poolMax; over > 0 {
-		a.punchLocked(s, a.popPool(over))
+	if locked {
+		s.unlockFrames(orphans)
 	}
+	if over := a.pooled() - a.poolMax; over > 0 {
+		a.evictLocked(s, a.popPool(over))
+	}
+}
+
+// lockUnlimited reports whether the process may lock memory without limit
+// (CAP_IPC_LOCK, or no finite RLIMIT_MEMLOCK).
+func lockUnlimited() bool {
+	_, limited := memlockLimit()
+	return !limited
 }
 
 // unpinnedLocked returns the frames no pin holds and makes the others
@@ -250,13 +313,16 @@ func (a *frameAllocator) punchLocked(s *AddressSpace, frames []Frame) {
 	}
 }
 
-// pin adds a pin reference to each frame.
-func (a *frameAllocator) pin(frames []Frame) {
+// pin adds a pin reference to each frame, and returns the pin generation
+// it made.
+func (a *frameAllocator) pin(frames []Frame) uint64 {
 	a.Lock()
 	defer a.Unlock()
+	a.pinGen++
 	for _, f := range frames {
 		a.pins[f]++
 	}
+	return a.pinGen
 }
 
 // unpin drops a pin reference from each frame and releases the orphans
@@ -264,6 +330,7 @@ func (a *frameAllocator) pin(frames []Frame) {
 func (a *frameAllocator) unpin(s *AddressSpace, frames []Frame) {
 	a.Lock()
 	defer a.Unlock()
+	a.pinGen++
 	var free []Frame
 	for _, f := range frames {
 		switch c := a.pins[f]; {
@@ -312,10 +379,31 @@ func (a *frameAllocator) pinnedFrames() int {
 	return len(a.pins)
 }
 
-func (a *frameAllocator) counts() (inUse, free, pooled, unused int) {
+func (a *frameAllocator) counts() (inUse, free, pooled, pooledLocked, unused int) {
 	a.Lock()
 	defer a.Unlock()
-	return a.inUse, a.queued(), a.pooled(), int(a.capacity - a.next)
+	for _, p := range a.pool[a.poolHead:] {
+		if p.locked {
+			pooledLocked++
+		}
+	}
+	return a.inUse, a.queued(), a.pooled(), pooledLocked, int(a.capacity - a.next)
+}
+
+// pinGeneration returns the count of pin changes.
+func (a *frameAllocator) pinGeneration() uint64 {
+	a.Lock()
+	defer a.Unlock()
+	return a.pinGen
+}
+
+// unlockFrames drops a lock reference of each frame's NIC view (munlock of
+// the pages it was the last to hold). munlock can only fail for an address
+// that is not mapped, which the NIC view always is.
+func (s *AddressSpace) unlockFrames(frames []Frame) {
+	forFrameRuns(frames, func(f Frame, n int) {
+		_ = unlockPages(uintptr(s.FramePointer(f)), uintptr(n))
+	})
 }
 
 // forFrameRuns calls fn for each run of consecutive frame numbers.

@@ -41,10 +41,15 @@ type Migration struct {
 	state migrationState
 	// pin is set for FramePin.PrepareMigrate: the frames may be pinned by
 	// it alone, and the pin moves with the pages. newLocked are the new
-	// frames' locked runs (locked at PrepareMigrate); oldLocked, after
-	// Commit, the old frames' runs, unlocked and unpinned at Release.
-	pin                  *FramePin
-	newLocked, oldLocked []frameRun
+	// frames' runs, pinned and locked at PrepareMigrate, until Commit
+	// hands them to the pin; after Commit the old frames hold the pin's
+	// former pin and lock references, dropped (or, for the locks, handed
+	// to the pool) at Release.
+	pin       *FramePin
+	newLocked []frameRun
+	// pinGen is the frame allocator's pin generation when PrepareMigrate
+	// checked the pins.
+	pinGen uint64
 	// oldPopulated, after Commit: whether each old frame is known to hold
 	// a page (its page map entry said so), for the migration pool.
 	oldPopulated []bool
@@ -91,12 +96,23 @@ func newMigration(s *AddressSpace, addr uint64, p uintptr, n int) *Migration {
 }
 
 // prepareMigrate reads the old frames and allocates the new ones (under
-// mu), then allocates the memory of the new frames that may have none
-// (without mu).
+// mu), then, without mu, allocates the memory of the new frames that may
+// have none and, for a pinned migration, pins and locks them.
 func (s *AddressSpace) prepareMigrate(m *Migration) error {
-	unpopulated, err := s.allocMigration(m)
+	unpopulated, locked, err := s.allocMigration(m)
 	if err != nil {
 		return err
+	}
+	var prelocked []Frame // pooled frames that come locked
+	for i, l := range locked {
+		if l {
+			prelocked = append(prelocked, m.New[i])
+		}
+	}
+	if m.pin == nil {
+		// A plain migration keeps nothing locked.
+		s.unlockFrames(prelocked)
+		prelocked = nil
 	}
 	// One system call per run, so that the copies (and the critical
 	// section) take no page faults.
@@ -106,33 +122,43 @@ func (s *AddressSpace) prepareMigrate(m *Migration) error {
 			perr = populate(s.frameRun(f, k), uintptr(s.FramePointer(f)), uintptr(k), true)
 		}
 	})
+	if perr == nil && m.pin != nil {
+		// Lock the new frames now, outside the caller's critical section
+		// (mlock of 1 MiB costs some 200 µs here); pooled frames may
+		// come locked already.
+		perr = m.pin.lockNew(m, locked)
+	}
 	if perr != nil {
+		s.unlockFrames(prelocked)
 		s.frames.release(s, m.New)
 		return fmt.Errorf("hostmem: migrate %#x+%d pages: %w", m.Addr, len(m.New), perr)
 	}
 	return nil
 }
 
-func (s *AddressSpace) allocMigration(m *Migration) ([]Frame, error) {
+func (s *AddressSpace) allocMigration(m *Migration) (unpopulated []Frame, locked []bool, err error) {
 	if err := s.lockOpen(); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer s.mu.Unlock()
 	n := uintptr(len(m.Old))
 	if err := s.checkMapped("migrate", m.p, n); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	for i := range m.Old {
 		m.Old[i] = Frame(s.pte(m.p+uintptr(i)).Load()&pteFrame - 1)
 	}
+	// The pins as checked here: a Commit that finds no change since
+	// need not check again.
+	m.pinGen = s.frames.pinGeneration()
 	if err := m.checkPins(); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	unpopulated, err := s.frames.allocMigration(s, m.New)
+	unpopulated, locked, err = s.frames.allocMigration(s, m.New)
 	if err != nil {
-		return nil, fmt.Errorf("hostmem: migrate %#x+%d pages: %w", m.Addr, n, err)
+		return nil, nil, fmt.Errorf("hostmem: migrate %#x+%d pages: %w", m.Addr, n, err)
 	}
-	return unpopulated, nil
+	return unpopulated, locked, nil
 }
 
 // Pages returns the number of pages migrated.
@@ -171,9 +197,7 @@ func (m *Migration) Commit(copyDirty func(m *Migration) error) error {
 	err := m.commit(copyDirty)
 	if err != nil {
 		m.state = migrationAborted
-		if !s.closed.Load() {
-			s.frames.recycle(s, m.New, nil)
-		}
+		m.giveBackNew()
 		return err
 	}
 	m.state = migrationCommitted
@@ -199,14 +223,11 @@ func (m *Migration) commit(copyDirty func(m *Migration) error) error {
 		// A pinned frame was populated by its pin.
 		populated[i] = vals[i]&ptePopulated != 0 || m.pin != nil
 	}
-	if err := m.checkPins(); err != nil {
-		return err
-	}
-	unlockNew := func() {
-		if m.pin != nil {
-			_ = m.pin.unlockRuns(m.newLocked)
-			s.frames.unpin(s, m.New)
-			m.newLocked = nil
+	// The pins are checked again only if some changed since
+	// PrepareMigrate (a map look-up per page, some 10 µs per MiB).
+	if s.frames.pinGeneration() != m.pinGen || m.pin != nil && m.pin.done.Load() {
+		if err := m.checkPins(); err != nil {
+			return err
 		}
 	}
 	inv := s.invalidateStart(Range{m.Addr, m.Addr + uint64(n)<<PageShift}, EventMigrate)
@@ -216,7 +237,6 @@ func (m *Migration) commit(copyDirty func(m *Migration) error) error {
 			m.CopyPage(i)
 		}
 	} else if err := copyDirty(m); err != nil {
-		unlockNew()
 		return fmt.Errorf("hostmem: migrate %#x+%d pages: %w", m.Addr, n, err)
 	}
 	// A page never copied (no pre-copy) is copied now: its new frame may
@@ -237,14 +257,13 @@ func (m *Migration) commit(copyDirty func(m *Migration) error) error {
 		if err2 := s.mapFrames(m.p, m.Old, ro); err2 != nil {
 			panic(fmt.Sprintf("hostmem: migrate: cannot restore the application's view: %v (after %v)", err2, err))
 		}
-		unlockNew()
 		return fmt.Errorf("hostmem: migrate %#x+%d pages: %w", m.Addr, n, err)
 	}
 	for i, f := range m.New {
 		s.pte(m.p + uintptr(i)).Store(uint64(f) + 1 | vals[i]&pteReadOnly | ptePopulated)
 	}
 	if m.pin != nil {
-		m.oldLocked = m.pin.moveTo(m.New, m.newLocked)
+		m.pin.moveTo(m.New, m.newLocked)
 		m.newLocked = nil
 	}
 	m.oldPopulated = populated
@@ -273,19 +292,27 @@ func (m *Migration) Abort() {
 		return
 	}
 	m.state = migrationAborted
+	m.giveBackNew()
+}
+
+// giveBackNew gives the new frames of a migration that did not commit to
+// the pool; a pinned migration's are unpinned, and their lock references
+// go with them.
+func (m *Migration) giveBackNew() {
 	s := m.as
+	locked := false
 	if m.pin != nil && m.newLocked != nil {
-		_ = m.pin.unlockRuns(m.newLocked)
 		s.frames.unpin(s, m.New)
 		m.newLocked = nil
+		locked = true
 	}
 	if !s.closed.Load() {
-		s.frames.recycle(s, m.New, nil)
+		s.frames.recycle(s, m.New, nil, locked)
 	}
 }
 
-// Release gives back the old frames of a committed migration. Before
-// Commit it is Abort.
+// Release gives back the old frames of a committed migration, to the
+// migration pool. Before Commit it is Abort.
 func (m *Migration) Release() {
 	switch m.state {
 	case migrationPrepared:
@@ -294,15 +321,15 @@ func (m *Migration) Release() {
 		m.state = migrationReleased
 		s := m.as
 		if m.pin != nil {
-			// The pin's old frames: unlocked and unpinned here, outside
-			// the critical section. munlock can only fail for an address
-			// that is not mapped, which the NIC view always is.
-			_ = m.pin.unlockRuns(m.oldLocked)
-			m.oldLocked = nil
+			// The pin's old frames: unpinned here, outside the critical
+			// section; their lock references go to the pool (which
+			// unlocks them if it may not keep them locked).
 			s.frames.unpin(s, m.Old)
 		}
 		if !s.closed.Load() {
-			s.frames.recycle(s, m.Old, m.oldPopulated)
+			s.frames.recycle(s, m.Old, m.oldPopulated, m.pin != nil)
+		} else if m.pin != nil {
+			s.unlockFrames(m.Old)
 		}
 		m.oldPopulated = nil
 	}
