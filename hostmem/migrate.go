@@ -50,8 +50,12 @@ type Migration struct {
 	// pinGen is the frame allocator's pin generation when PrepareMigrate
 	// checked the pins.
 	pinGen uint64
-	// oldPopulated, after Commit: whether each old frame is known to hold
-	// a page (its page map entry said so), for the migration pool.
+	// vals, ro and oldPopulated are filled by Commit (allocated at
+	// PrepareMigrate, so that the critical section allocates nothing):
+	// each page's map entry, whether it is read-only, and whether its old
+	// frame is known to hold a page (for the migration pool).
+	vals         []uint64
+	ro           []bool
 	oldPopulated []bool
 	// copied has bit i set once page i was copied (CopyPage): Commit
 	// copies the pages never copied, since a new frame from the pool holds
@@ -92,7 +96,8 @@ func (s *AddressSpace) PrepareMigrate(addr uint64, npages int) (*Migration, erro
 }
 
 func newMigration(s *AddressSpace, addr uint64, p uintptr, n int) *Migration {
-	return &Migration{Addr: addr, Old: make([]Frame, n), New: make([]Frame, n), as: s, p: p, copied: make([]uint64, (n+63)/64)}
+	return &Migration{Addr: addr, Old: make([]Frame, n), New: make([]Frame, n), as: s, p: p,
+		copied: make([]uint64, (n+63)/64), vals: make([]uint64, n), ro: make([]bool, n), oldPopulated: make([]bool, n)}
 }
 
 // prepareMigrate reads the old frames and allocates the new ones (under
@@ -211,9 +216,7 @@ func (m *Migration) commit(copyDirty func(m *Migration) error) error {
 		return ErrClosed
 	}
 	n := uintptr(len(m.Old))
-	vals := make([]uint64, n)
-	ro := make([]bool, n)
-	populated := make([]bool, n)
+	vals, ro, populated := m.vals, m.ro, m.oldPopulated
 	for i := range vals {
 		vals[i] = s.pte(m.p + uintptr(i)).Load()
 		if vals[i]&pteFrame != uint64(m.Old[i])+1 {
@@ -266,7 +269,6 @@ func (m *Migration) commit(copyDirty func(m *Migration) error) error {
 		m.pin.moveTo(m.New, m.newLocked)
 		m.newLocked = nil
 	}
-	m.oldPopulated = populated
 	return nil
 }
 
