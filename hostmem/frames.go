@@ -69,8 +69,13 @@ type frameAllocator struct {
 	// migration that saw no change since its PrepareMigrate need not
 	// check its frames' pins again in the critical section.
 	pinGen uint64
-	// pins counts the FramePins holding each pinned frame.
-	pins map[Frame]int32
+	// pins counts the FramePins holding each pinned frame, in chunks of
+	// pinChunk frames made on first use, as the page map (a pinned
+	// migration pins and unpins every frame it moves: with a map that
+	// cost 23-29 µs per MiB here, with the array 3 µs); npinned counts
+	// the frames with a pin.
+	pins    []*[pinChunk]int32
+	npinned int
 	// orphans are pinned frames that their page lost (Free): released at
 	// their last unpin.
 	orphans map[Frame]struct{}
@@ -90,7 +95,7 @@ type pooledFrame struct {
 func (a *frameAllocator) init(capacity uint32, poolMax int) {
 	a.capacity = capacity
 	a.poolMax = poolMax
-	a.pins = make(map[Frame]int32)
+	a.pins = make([]*[pinChunk]int32, (capacity+pinChunk-1)/pinChunk)
 	a.orphans = make(map[Frame]struct{})
 }
 
@@ -241,7 +246,7 @@ func (a *frameAllocator) recycle(s *AddressSpace, frames []Frame, populated []bo
 	}
 	var orphans []Frame
 	for i, f := range frames {
-		if a.pins[f] > 0 {
+		if a.pinCount(f) > 0 {
 			a.orphans[f] = struct{}{}
 			orphans = append(orphans, f)
 			continue
@@ -269,7 +274,7 @@ func lockUnlimited() bool {
 func (a *frameAllocator) unpinnedLocked(frames []Frame) []Frame {
 	free := frames[:0:0]
 	for _, f := range frames {
-		if a.pins[f] > 0 {
+		if a.pinCount(f) > 0 {
 			a.orphans[f] = struct{}{}
 			continue
 		}
@@ -313,6 +318,28 @@ func (a *frameAllocator) punchLocked(s *AddressSpace, frames []Frame) {
 	}
 }
 
+// pinChunk is the number of frames per chunk of pin counts.
+const pinChunk = 512
+
+// pinCount returns frame f's pin count.
+func (a *frameAllocator) pinCount(f Frame) int32 {
+	c := a.pins[f/pinChunk]
+	if c == nil {
+		return 0
+	}
+	return c[f%pinChunk]
+}
+
+// pinRef returns frame f's pin count, making its chunk.
+func (a *frameAllocator) pinRef(f Frame) *int32 {
+	c := a.pins[f/pinChunk]
+	if c == nil {
+		c = new([pinChunk]int32)
+		a.pins[f/pinChunk] = c
+	}
+	return &c[f%pinChunk]
+}
+
 // pin adds a pin reference to each frame, and returns the pin generation
 // it made.
 func (a *frameAllocator) pin(frames []Frame) uint64 {
@@ -320,7 +347,11 @@ func (a *frameAllocator) pin(frames []Frame) uint64 {
 	defer a.Unlock()
 	a.pinGen++
 	for _, f := range frames {
-		a.pins[f]++
+		c := a.pinRef(f)
+		if *c == 0 {
+			a.npinned++
+		}
+		*c++
 	}
 	return a.pinGen
 }
@@ -333,17 +364,19 @@ func (a *frameAllocator) unpin(s *AddressSpace, frames []Frame) {
 	a.pinGen++
 	var free []Frame
 	for _, f := range frames {
-		switch c := a.pins[f]; {
-		case c <= 0:
+		c := a.pinRef(f)
+		switch {
+		case *c <= 0:
 			panic("hostmem: unpin of a frame that is not pinned")
-		case c == 1:
-			delete(a.pins, f)
+		case *c == 1:
+			*c = 0
+			a.npinned--
 			if _, ok := a.orphans[f]; ok {
 				delete(a.orphans, f)
 				free = append(free, f)
 			}
 		default:
-			a.pins[f] = c - 1
+			*c--
 		}
 	}
 	a.releaseLocked(s, free)
@@ -354,7 +387,7 @@ func (a *frameAllocator) pinned(frames []Frame) bool {
 	a.Lock()
 	defer a.Unlock()
 	for _, f := range frames {
-		if a.pins[f] > 0 {
+		if a.pinCount(f) > 0 {
 			return true
 		}
 	}
@@ -366,7 +399,7 @@ func (a *frameAllocator) pinnedOnce(frames []Frame) bool {
 	a.Lock()
 	defer a.Unlock()
 	for _, f := range frames {
-		if a.pins[f] != 1 {
+		if a.pinCount(f) != 1 {
 			return false
 		}
 	}
@@ -376,7 +409,7 @@ func (a *frameAllocator) pinnedOnce(frames []Frame) bool {
 func (a *frameAllocator) pinnedFrames() int {
 	a.Lock()
 	defer a.Unlock()
-	return len(a.pins)
+	return a.npinned
 }
 
 func (a *frameAllocator) counts() (inUse, free, pooled, pooledLocked, unused int) {
