@@ -134,8 +134,9 @@ func (fp *FramePin) release() error {
 // with the pages: the new frames are locked and referenced, the old ones
 // dropped at Release (and unlocked, unless the migration pool keeps them
 // locked for the next pinned migration), and Frames returns the new
-// frames; the bytes charged do not change. The caller must keep its own users of the old
-// frames away until Commit returns (the remap's critical section).
+// frames; the bytes charged do not change. The caller must keep its own
+// users of the old frames away until Commit returns (the remap's critical
+// section).
 func (fp *FramePin) PrepareMigrate() (*Migration, error) {
 	if fp.done.Load() {
 		return nil, errors.New("hostmem: migrate of a released pin")
