@@ -41,6 +41,17 @@ type Config struct {
 	// mapping's). Rounded up to 2 MiB. 0: DefaultSize. Nothing is committed
 	// up front: the reservation is PROT_NONE and the memfd is sparse.
 	Size int64
+	// FramePool is the most frames the migration pool keeps (0:
+	// DefaultFramePool; negative: no pool). A migration's old frames join
+	// the pool at Release with their memory and bytes, and later
+	// migrations take their new frames from it instead of populating
+	// fresh ones; frames beyond the bound are punched out as without a
+	// pool. Only migrations get pooled frames (they overwrite them), never
+	// Alloc. A pooled frame is handed out only once 256 more have joined
+	// the pool after it, so a bound of 256 frames or less pools nothing.
+	// The pool holds memory: up to FramePool pages of the memfd stay
+	// allocated while no page uses them.
+	FramePool int
 }
 
 // Range is a range of application addresses [Start, End).
@@ -241,7 +252,14 @@ func NewAddressSpace(cfg Config) (*AddressSpace, error) {
 		dir:     make([]atomic.Pointer[ptChunk], n>>(PageShift+chunkShift)),
 	}
 	s.mu.free = extents{{0, s.npages}}
-	s.frames.init(uint32(s.npages))
+	pool := cfg.FramePool
+	switch {
+	case pool == 0:
+		pool = DefaultFramePool
+	case pool < 0:
+		pool = 0
+	}
+	s.frames.init(uint32(s.npages), pool)
 	s.subs.ended.L = &s.subs.Mutex
 	return s, nil
 }
@@ -270,6 +288,7 @@ func (s *AddressSpace) Close() error {
 	if npins := s.frames.pinnedFrames(); npins > 0 {
 		return fmt.Errorf("%w: close: %d frames pinned", ErrBusy, npins)
 	}
+	s.frames.drainPool(s)
 	s.closed.Store(true)
 	err := errors.Join(unix.MunmapPtr(s.appBase, s.size), unix.MunmapPtr(s.nicBase, s.size), unix.Close(s.fd))
 	if err != nil {
@@ -439,7 +458,7 @@ func (s *AddressSpace) AllocAt(addr uint64, size int) ([]byte, error) {
 // mapFresh maps n fresh frames at pages [p, p+n). Called with mu.
 func (s *AddressSpace) mapFresh(p, n uintptr) error {
 	frames := make([]Frame, n)
-	if err := s.frames.alloc(frames); err != nil {
+	if err := s.frames.alloc(s, frames); err != nil {
 		return err
 	}
 	if err := s.mapFrames(p, frames, nil); err != nil {
@@ -825,14 +844,18 @@ func (s *AddressSpace) resident(p uintptr, vals []uint64) (int, error) {
 
 // Stats are counters of an AddressSpace.
 type Stats struct {
-	MappedPages   int   // application pages mapped
-	FramesInUse   int   // frames mapped, held by pins after a Free, or held by migrations
-	FramesFree    int   // released frames waiting to be reused
-	FramesUnused  int   // frames never handed out
-	Populated     int64 // pages Resolve populated (ResolvePopulate)
-	Syscalls      int64 // system calls Resolve made (madvise, mincore)
-	Invalidations int64 // Invalidate callbacks made
-	MigratedPages int64 // pages moved by committed migrations
+	MappedPages  int // application pages mapped
+	FramesInUse  int // frames mapped, held by pins after a Free, or held by migrations
+	FramesFree   int // released frames waiting to be reused (punched out: they read zeros)
+	FramesPooled int // frames in the migration pool (memory and old bytes kept, for migrations only)
+	// FramesPooledLocked are the pooled frames kept locked for pinned
+	// migrations (only when the process may lock without limit).
+	FramesPooledLocked int
+	FramesUnused       int   // frames never handed out
+	Populated          int64 // pages Resolve populated (ResolvePopulate)
+	Syscalls           int64 // system calls Resolve made (madvise, mincore)
+	Invalidations      int64 // Invalidate callbacks made
+	MigratedPages      int64 // pages moved by committed migrations
 }
 
 // Stats returns the current counters.
@@ -840,15 +863,17 @@ func (s *AddressSpace) Stats() Stats {
 	s.mu.Lock()
 	mapped := s.mu.mapped
 	s.mu.Unlock()
-	inUse, free, unused := s.frames.counts()
+	inUse, free, pooled, pooledLocked, unused := s.frames.counts()
 	return Stats{
-		MappedPages:   mapped,
-		FramesInUse:   inUse,
-		FramesFree:    free,
-		FramesUnused:  unused,
-		Populated:     s.stats.populated.Load(),
-		Syscalls:      s.stats.syscalls.Load(),
-		Invalidations: s.stats.invalidations.Load(),
-		MigratedPages: s.stats.migrated.Load(),
+		MappedPages:        mapped,
+		FramesInUse:        inUse,
+		FramesFree:         free,
+		FramesPooled:       pooled,
+		FramesPooledLocked: pooledLocked,
+		FramesUnused:       unused,
+		Populated:          s.stats.populated.Load(),
+		Syscalls:           s.stats.syscalls.Load(),
+		Invalidations:      s.stats.invalidations.Load(),
+		MigratedPages:      s.stats.migrated.Load(),
 	}
 }

@@ -16,7 +16,12 @@ const testSpace = 256 << 20
 
 func newSpace(t testing.TB, size int64) *AddressSpace {
 	t.Helper()
-	s, err := NewAddressSpace(Config{Size: size})
+	return newSpaceConfig(t, Config{Size: size})
+}
+
+func newSpaceConfig(t testing.TB, cfg Config) *AddressSpace {
+	t.Helper()
+	s, err := NewAddressSpace(cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		if !s.closed.Load() {

@@ -132,52 +132,48 @@ func (fp *FramePin) release() error {
 // this pin only (ErrPinned if another pin holds one, or if a page no
 // longer has the pinned frame). When the migration commits, the pin moves
 // with the pages: the new frames are locked and referenced, the old ones
-// unlocked and dropped, and Frames returns the new frames; the bytes
-// charged do not change. The caller must keep its own users of the old
-// frames away until Commit returns (the remap's critical section).
+// dropped at Release (and unlocked, unless the migration pool keeps them
+// locked for the next pinned migration), and Frames returns the new
+// frames; the bytes charged do not change. The caller must keep its own
+// users of the old frames away until Commit returns (the remap's critical
+// section).
 func (fp *FramePin) PrepareMigrate() (*Migration, error) {
 	if fp.done.Load() {
 		return nil, errors.New("hostmem: migrate of a released pin")
 	}
 	s := fp.as
-	m := &Migration{Addr: fp.addr, Old: make([]Frame, len(fp.frames)), New: make([]Frame, len(fp.frames)), as: s, pin: fp}
 	p, _, err := s.checkRange("migrate", fp.addr, len(fp.frames)<<PageShift)
 	if err != nil {
 		return nil, err
 	}
-	m.p = p
+	m := newMigration(s, fp.addr, p, len(fp.frames))
+	m.pin = fp
 	if err := s.prepareMigrate(m); err != nil {
 		return nil, err
 	}
-	var perr error
-	forFrameRuns(m.New, func(f Frame, k int) {
-		if perr == nil {
-			perr = populate(s.frameRun(f, k), uintptr(s.FramePointer(f)), uintptr(k), true)
-		}
-	})
-	if perr != nil {
-		s.frames.release(s, m.New)
-		return nil, fmt.Errorf("hostmem: migrate pinned %#x: %w", fp.addr, perr)
-	}
-	// Lock the new frames now, outside the caller's critical section
-	// (mlock of 1 MiB costs some 200 µs here).
-	locked, err := fp.lockNew(m.New)
-	if err != nil {
-		s.frames.release(s, m.New)
-		return nil, fmt.Errorf("hostmem: migrate pinned %#x: %w", fp.addr, err)
-	}
-	m.newLocked = locked
 	return m, nil
 }
 
 // lockNew references and locks the new frames of a pinned migration,
-// before the switch. Called under mu by Commit. On failure nothing is held.
-func (fp *FramePin) lockNew(new []Frame) ([]frameRun, error) {
+// before the switch (PrepareMigrate); prelocked[i] says that m.New[i]
+// came from the pool locked, with its lock reference. On failure the new
+// frames are unpinned and only the prelocked ones are still locked.
+func (fp *FramePin) lockNew(m *Migration, prelocked []bool) error {
 	s := fp.as
-	s.frames.pin(new)
+	if g := s.frames.pin(m.New); g != m.pinGen+1 {
+		m.pinGen = 0 // another pin changed meanwhile: Commit checks them all
+	} else {
+		m.pinGen = g
+	}
+	var toLock []Frame
+	for i, f := range m.New {
+		if !prelocked[i] {
+			toLock = append(toLock, f)
+		}
+	}
 	var locked []frameRun
 	var lerr error
-	forFrameRuns(new, func(f Frame, k int) {
+	forFrameRuns(toLock, func(f Frame, k int) {
 		if lerr != nil {
 			return
 		}
@@ -186,11 +182,13 @@ func (fp *FramePin) lockNew(new []Frame) ([]frameRun, error) {
 		}
 	})
 	if lerr != nil {
-		fp.unlockRuns(locked)
-		s.frames.unpin(s, new)
-		return nil, lerr
+		_ = fp.unlockRuns(locked)
+		s.frames.unpin(s, m.New)
+		return lerr
 	}
-	return locked, nil
+	m.newLocked = m.newLocked[:0]
+	forFrameRuns(m.New, func(f Frame, k int) { m.newLocked = append(m.newLocked, frameRun{f, k}) })
+	return nil
 }
 
 func (fp *FramePin) unlockRuns(runs []frameRun) error {
@@ -201,15 +199,12 @@ func (fp *FramePin) unlockRuns(runs []frameRun) error {
 	return errors.Join(errs...)
 }
 
-// moveTo makes the pin hold the new frames (locked by lockNew), after the
-// switch; it returns the old frames' locked runs, which the migration
-// unlocks (and whose frames it unpins) at Release, outside the critical
-// section.
-func (fp *FramePin) moveTo(new []Frame, locked []frameRun) []frameRun {
-	old := fp.locked
+// moveTo makes the pin hold the new frames (pinned and locked by
+// lockNew), after the switch. The old frames keep the pin's former pin
+// and lock references until the migration's Release.
+func (fp *FramePin) moveTo(new []Frame, locked []frameRun) {
 	fp.locked = locked
 	fp.frames = append(fp.frames[:0], new...)
-	return old
 }
 
 // AddressSpace returns the address space the pin belongs to.

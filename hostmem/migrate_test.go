@@ -56,9 +56,22 @@ func TestMigrateSwitchesFramesAndKeepsContent(t *testing.T) {
 	inUse := s.Stats().FramesInUse
 	m.Release()
 	require.Equal(t, inUse-2, s.Stats().FramesInUse)
-	require.Equal(t, make([]byte, PageSize), s.FrameBytes(m.Old[0]), "released frames are punched out")
+	require.Equal(t, 2, s.Stats().FramesPooled, "released frames join the migration pool")
 	m.Release() // twice: nothing
 	m.Abort()
+	require.Equal(t, 2, s.Stats().FramesPooled)
+
+	// Without a pool, released frames are punched out.
+	s = newSpaceConfig(t, Config{Size: testSpace, FramePool: -1})
+	b, err = s.Alloc(4 * PageSize)
+	require.NoError(t, err)
+	fill(b, 1)
+	m, err = s.Migrate(AddrOf(b), 4)
+	require.NoError(t, err)
+	m.Release()
+	require.Zero(t, s.Stats().FramesPooled)
+	require.Equal(t, 4, s.Stats().FramesFree)
+	require.Equal(t, make([]byte, PageSize), s.FrameBytes(m.Old[0]), "released frames are punched out")
 }
 
 func TestMigrateKeepsReadOnly(t *testing.T) {
