@@ -34,6 +34,9 @@ const (
 	targetACKDelay = 15
 )
 
+// closeLinger bounds how long Close waits for posted MADs to leave.
+const closeLinger = 200 * time.Millisecond
+
 // GSI queue sizes: MADs in flight each way.
 const (
 	nRecv   = 64
@@ -107,18 +110,19 @@ type Counter struct {
 
 var msgNames = [...]string{"req", "mra", "rej", "rep", "rtu", "dreq", "drep"}
 
-// Snapshot returns every counter by name: cm_sent_<msg> and
-// cm_rcvd_<msg> for req, mra, rej, rep, rtu, dreq, drep, then
-// cm_retransmits, cm_duplicates, cm_rejects_sent, cm_unknown_comm_id,
-// cm_unsupported, cm_malformed, cm_send_no_buffer, cm_backlog_overflow.
+// Snapshot returns every counter by name: cm_<msg>_sent and
+// cm_<msg>_rcvd for req, mra, rej, rep, rtu, dreq, drep, then
+// cm_retransmits, cm_duplicates, cm_unknown_comm_id, cm_unsupported,
+// cm_malformed, cm_send_no_buffer, cm_backlog_overflow (RejectsSent is
+// cm_rej_sent).
 func (c *Counters) Snapshot() []Counter {
 	var out []Counter
 	for i, n := range msgNames {
-		out = append(out, Counter{"cm_sent_" + n, c.Sent[i].Load()}, Counter{"cm_rcvd_" + n, c.Received[i].Load()})
+		out = append(out, Counter{"cm_" + n + "_sent", c.Sent[i].Load()}, Counter{"cm_" + n + "_rcvd", c.Received[i].Load()})
 	}
 	return append(out,
 		Counter{"cm_retransmits", c.Retransmits.Load()}, Counter{"cm_duplicates", c.Duplicates.Load()},
-		Counter{"cm_rejects_sent", c.RejectsSent.Load()}, Counter{"cm_unknown_comm_id", c.UnknownCommID.Load()},
+		Counter{"cm_unknown_comm_id", c.UnknownCommID.Load()},
 		Counter{"cm_unsupported", c.Unsupported.Load()}, Counter{"cm_malformed", c.Malformed.Load()},
 		Counter{"cm_send_no_buffer", c.SendNoBuffer.Load()}, Counter{"cm_backlog_overflow", c.BacklogOverflow.Load()})
 }
@@ -234,7 +238,8 @@ func (cm *CM) Counters() *Counters { return &cm.ctr }
 func (cm *CM) QPN() softrdma.QPN { return cm.qp.QPN() }
 
 // Close stops the CM: connections still open are failed (their QPs moved
-// to ERR, no DREQ sent), listeners closed, QP1 destroyed.
+// to ERR, no DREQ sent), listeners closed, the MADs already posted (a last
+// DREP or DREQ) given up to 200 ms to leave, QP1 destroyed.
 func (cm *CM) Close() error {
 	cm.mu.Lock()
 	if cm.closed {
@@ -250,6 +255,17 @@ func (cm *CM) Close() error {
 		c.stopTimer()
 	}
 	cm.mu.Unlock()
+	// Let the MADs already posted (a DREP just sent, say) leave before
+	// QP1 goes: their send completions come back once they are on the
+	// wire; at most closeLinger.
+	for deadline := time.Now().Add(closeLinger); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		cm.mu.Lock()
+		idle := len(cm.freeSend) == nSend
+		cm.mu.Unlock()
+		if idle {
+			break
+		}
+	}
 	cm.cancel()
 	cm.wg.Wait()
 	err := cm.dev.DestroyQP(cm.qp)

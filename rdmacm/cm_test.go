@@ -479,3 +479,35 @@ func TestCloseKeepsCleanDisconnect(t *testing.T) {
 		require.NoError(t, cb.Err())
 	})
 }
+
+// TestCloseSendsLastDREQ: a DREQ posted just before Close still leaves
+// (Close lets posted MADs go before QP1 is destroyed), so the peer learns
+// of the disconnect (rping's server exiting on an error does exactly
+// this).
+func TestCloseSendsLastDREQ(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p, cmA, cmB := pair(t)
+		l, err := cmA.Listen(port, 1)
+		require.NoError(t, err)
+		accepted := make(chan *rdmacm.Conn, 1)
+		go func() {
+			r, err := l.GetRequest(context.Background())
+			if err == nil {
+				c, _ := r.Accept(context.Background(), p.A.QP, rdmacm.ConnParam{})
+				accepted <- c
+			}
+		}()
+		cb, err := cmB.Connect(context.Background(), p.B.QP, netipAddrPort(p.A.Dev, port), rdmacm.ConnParam{})
+		require.NoError(t, err)
+		ca := <-accepted
+		require.NotNil(t, ca)
+		require.NoError(t, cb.Disconnect())
+		require.NoError(t, cmB.Close())
+		select {
+		case <-ca.Done():
+		case <-time.After(time.Minute):
+			t.Fatal("the DREQ posted before Close never arrived")
+		}
+		require.Equal(t, uint64(1), received(cmA, mad.AttrDREQ))
+	})
+}

@@ -83,6 +83,9 @@ func (c *toolCmd) options(test perf.Test) (*perf.Options, error) {
 	if c.Inline < -1 {
 		return nil, fmt.Errorf("--inline_size %d: must be 0 or more", c.Inline)
 	}
+	if c.Port < 1 || c.Port > 65535 {
+		return nil, fmt.Errorf("-p %d: the port must be 1 to 65535", c.Port)
+	}
 	if c.Atomic != perf.FetchAndAdd && test != perf.AtomicBW {
 		return nil, fmt.Errorf("%s: --atomic_type is for atomic-bw", test)
 	}

@@ -117,6 +117,8 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"write-bw", "--impair", "foo=1", "h"}, `unknown key "foo"`},
 		{[]string{"write-bw", "--bind", "999.1.1.1", "h"}, "want IP or IP:port"},
 		{[]string{"write-bw", "--bind", "127.0.0.1:99999", "h"}, "bad port"},
+		{[]string{"write-bw", "-p", "65536", "h"}, "the port must be 1 to 65535"},
+		{[]string{"write-bw", "--port=-1"}, "the port must be 1 to 65535"},
 	} {
 		code, _, stderr := runCLI(t, tc.args...)
 		assert.Equal(t, exitUsage, code, tc.args)

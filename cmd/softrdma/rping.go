@@ -13,7 +13,7 @@ import (
 // rpingCmd holds the flags of `softrdma rping`: rping's (same letters and
 // defaults; rdma-core librdmacm/examples/rping.c), then softrdma's own.
 type rpingCmd struct {
-	Server   bool   `short:"s" help:"Server side: listen on -a (default any address) and -p."`
+	Server   bool   `short:"s" help:"Server side: listen on -a (default: the host's only non-loopback address; softrdma's device has one address) and -p."`
 	Client   bool   `short:"c" help:"Client side: connect to the server at -a and -p."`
 	Addr     string `short:"a" placeholder:"ADDR" help:"Address: the server's (client) or the one to bind (server)."`
 	Source   string `short:"I" placeholder:"ADDR" help:"Source address to bind to for the client."`

@@ -6,12 +6,12 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"slices"
 	"time"
 
 	"github.com/softrdma/softrdma"
 	"github.com/softrdma/softrdma/cmd/softrdma/internal/cmchan"
 	"github.com/softrdma/softrdma/cmd/softrdma/internal/exchange"
+	"github.com/softrdma/softrdma/cmd/softrdma/internal/hostaddr"
 	"github.com/softrdma/softrdma/rdmacm"
 	"github.com/softrdma/softrdma/transport/wire/mad"
 )
@@ -199,9 +199,12 @@ func (s *session) runServerCM(ctx context.Context) error {
 func (s *session) cmSession(ctx context.Context) error {
 	pt := exchange.NewPerftest(s.ch, !s.server)
 	pt.RDMACM = true
+	// Closing the channel ends any read or write of it: Ctrl-C ends the
+	// run at any point (a dead peer would otherwise be waited for as long
+	// as the QP retries, for ever with retry count 7).
 	stop := context.AfterFunc(ctx, func() { s.ch.Close() })
+	defer stop()
 	native, err := pt.ExchangeVersions(!s.o.Perftest)
-	stop()
 	if err != nil {
 		return ctxErr(ctx, err)
 	}
@@ -399,17 +402,9 @@ func (s *session) cmCounters() []namedCount {
 			out = append(out, namedCount{name, v})
 		}
 	}
-	for i, m := range []string{"req", "mra", "rej", "rep", "rtu", "dreq", "drep"} {
-		add("cm_"+m+"_sent", ctr.Sent[i].Load())
-		add("cm_"+m+"_rcvd", ctr.Received[i].Load())
+	for _, c := range ctr.Snapshot() {
+		add(c.Name, c.Value)
 	}
-	add("cm_retransmits", ctr.Retransmits.Load())
-	add("cm_duplicates", ctr.Duplicates.Load())
-	add("cm_unknown_comm_id", ctr.UnknownCommID.Load())
-	add("cm_unsupported", ctr.Unsupported.Load())
-	add("cm_malformed", ctr.Malformed.Load())
-	add("cm_send_no_buffer", ctr.SendNoBuffer.Load())
-	add("cm_backlog_overflow", ctr.BacklogOverflow.Load())
 	if s.ch != nil { // the exchange's SENDs over the channel
 		sent, rcvd := s.ch.Messages()
 		add("cm_channel_sent", sent)
@@ -452,34 +447,9 @@ func routeIP(dst netip.Addr) (netip.Addr, error) {
 // non-loopback, non-link-local address, IPv4 preferred (perftest's server
 // listens on every address; a softrdma device has one).
 func defaultIP() (netip.Addr, error) {
-	addrs, err := net.InterfaceAddrs()
+	ip, err := hostaddr.Sole()
 	if err != nil {
-		return netip.Addr{}, fmt.Errorf("-R: the device's address: %w (give it with --bind)", err)
+		return netip.Addr{}, fmt.Errorf("-R: the device's address: %w: give one with --bind", err)
 	}
-	var v4, v6 []netip.Addr
-	for _, a := range addrs {
-		pfx, err := netip.ParsePrefix(a.String())
-		if err != nil {
-			continue
-		}
-		ip := pfx.Addr().Unmap()
-		if ip.IsLoopback() || ip.IsLinkLocalUnicast() || ip.IsUnspecified() || ip.IsMulticast() {
-			continue
-		}
-		if ip.Is4() {
-			v4 = append(v4, ip)
-		} else {
-			v6 = append(v6, ip)
-		}
-	}
-	switch {
-	case len(v4) == 1:
-		return v4[0], nil
-	case len(v4) == 0 && len(v6) == 1:
-		return v6[0], nil
-	case len(v4)+len(v6) == 0:
-		return netip.Addr{}, errors.New("-R: this host has no address but loopback for the device: give one with --bind")
-	}
-	all := slices.Concat(v4, v6)
-	return netip.Addr{}, fmt.Errorf("-R: this host has several addresses (%v): choose the device's with --bind", all)
+	return ip, nil
 }

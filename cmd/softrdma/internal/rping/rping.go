@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"github.com/softrdma/softrdma"
+	"github.com/softrdma/softrdma/cmd/softrdma/internal/hostaddr"
 	"github.com/softrdma/softrdma/rdmacm"
 	"github.com/softrdma/softrdma/transport/pcaptap"
 	"github.com/softrdma/softrdma/transport/wire"
@@ -53,7 +54,7 @@ const (
 type Options struct {
 	Server   bool   // -s
 	Client   bool   // -c
-	Addr     string // -a: the server's address (client) or the address to bind (server; default any)
+	Addr     string // -a: the server's address (client) or the address to bind (server; default: the host's only address)
 	Source   string // -I: the client's source address
 	Port     int    // -p (default 7174)
 	Count    int    // -C: iterations; 0 runs until interrupted (client)
@@ -195,6 +196,15 @@ func (s *side) bindAddr(ip netip.Addr) (netip.AddrPort, error) {
 		return netip.AddrPortFrom(a, wire.RoCEv2Port), nil
 	}
 	if o.Server {
+		if ip.IsUnspecified() {
+			// rping's server binds every address; a softrdma device has
+			// one: the host's only usable address.
+			sole, err := hostaddr.Sole()
+			if err != nil {
+				return netip.AddrPort{}, usagef("the server's device needs an address: %v: give one with -a or --bind", err)
+			}
+			ip = sole
+		}
 		return netip.AddrPortFrom(ip, wire.RoCEv2Port), nil
 	}
 	if o.Source != "" {
