@@ -34,6 +34,7 @@ import (
 	"github.com/softrdma/softrdma/transport/pcaptap"
 	"github.com/softrdma/softrdma/transport/wire"
 	"github.com/softrdma/softrdma/transport/wire/mad"
+	"golang.org/x/sys/unix"
 )
 
 // Limits and defaults of rping.c.
@@ -140,6 +141,7 @@ type side struct {
 	mrRDMA *softrdma.MR
 	mrSrc  *softrdma.MR
 	wcs    [4]softrdma.WC
+	maps   [][]byte // the buffers' mappings, unmapped at close
 }
 
 // Run runs rping as o says.
@@ -270,8 +272,15 @@ func (s *side) setup() error {
 		return err
 	}
 	rw := softrdma.AccessLocalWrite | softrdma.AccessRemoteRead | softrdma.AccessRemoteWrite
+	// Outside the Go heap (mmap), like memory a NIC reads and writes by
+	// DMA: the application's and the NIC's accesses are ordered by the
+	// protocol's messages, which the race detector cannot see.
 	reg := func(n int, access softrdma.Access) ([]byte, *softrdma.MR, error) {
-		b := make([]byte, n)
+		b, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+		if err != nil {
+			return nil, nil, fmt.Errorf("couldn't allocate %d bytes: %w", n, err)
+		}
+		s.maps = append(s.maps, b)
 		mr, err := s.dev.RegMR(s.pd, b, access)
 		return b, mr, err
 	}
@@ -589,6 +598,9 @@ func (s *side) close() {
 	}
 	if s.dev != nil {
 		_ = s.dev.Close()
+	}
+	for _, b := range s.maps {
+		_ = unix.Munmap(b)
 	}
 	if s.tap != nil {
 		if err := s.tap.Close(); err != nil {
