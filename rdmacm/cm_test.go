@@ -374,20 +374,7 @@ func TestLossyConnect(t *testing.T) {
 			l, err := cmA.Listen(port, 1)
 			require.NoError(t, err)
 			ctx := context.Background()
-			type result struct {
-				c   *rdmacm.Conn
-				err error
-			}
-			accepted := make(chan result, 1)
-			go func() {
-				r, err := l.GetRequest(ctx)
-				if err != nil {
-					accepted <- result{nil, err}
-					return
-				}
-				c, err := r.Accept(ctx, p.A.QP, rdmacm.ConnParam{})
-				accepted <- result{c, err}
-			}()
+			accepted := acceptAsync(ctx, l, p.A.QP, rdmacm.ConnParam{})
 			cb, err := cmB.Connect(ctx, p.B.QP, netipAddrPort(p.A.Dev, port), rdmacm.ConnParam{RetryCount: 7, RNRRetryCount: 7})
 			require.NoError(t, err, "seed %d", seed)
 			ra := <-accepted
@@ -457,18 +444,12 @@ func TestCloseKeepsCleanDisconnect(t *testing.T) {
 		p, cmA, cmB := pair(t)
 		l, err := cmA.Listen(port, 1)
 		require.NoError(t, err)
-		accepted := make(chan *rdmacm.Conn, 1)
-		go func() {
-			r, err := l.GetRequest(context.Background())
-			if err == nil {
-				c, _ := r.Accept(context.Background(), p.A.QP, rdmacm.ConnParam{})
-				accepted <- c
-			}
-		}()
+		accepted := acceptAsync(context.Background(), l, p.A.QP, rdmacm.ConnParam{})
 		cb, err := cmB.Connect(context.Background(), p.B.QP, netipAddrPort(p.A.Dev, port), rdmacm.ConnParam{})
 		require.NoError(t, err)
-		ca := <-accepted
-		require.NotNil(t, ca)
+		ra := <-accepted
+		require.NoError(t, ra.err)
+		ca := ra.c
 		require.NoError(t, ca.Disconnect())
 		<-ca.Done()
 		<-cb.Done()
@@ -489,18 +470,12 @@ func TestCloseSendsLastDREQ(t *testing.T) {
 		p, cmA, cmB := pair(t)
 		l, err := cmA.Listen(port, 1)
 		require.NoError(t, err)
-		accepted := make(chan *rdmacm.Conn, 1)
-		go func() {
-			r, err := l.GetRequest(context.Background())
-			if err == nil {
-				c, _ := r.Accept(context.Background(), p.A.QP, rdmacm.ConnParam{})
-				accepted <- c
-			}
-		}()
+		accepted := acceptAsync(context.Background(), l, p.A.QP, rdmacm.ConnParam{})
 		cb, err := cmB.Connect(context.Background(), p.B.QP, netipAddrPort(p.A.Dev, port), rdmacm.ConnParam{})
 		require.NoError(t, err)
-		ca := <-accepted
-		require.NotNil(t, ca)
+		ra := <-accepted
+		require.NoError(t, ra.err)
+		ca := ra.c
 		require.NoError(t, cb.Disconnect())
 		require.NoError(t, cmB.Close())
 		select {

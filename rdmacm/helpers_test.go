@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/softrdma/softrdma"
+	"github.com/softrdma/softrdma/rdmacm"
 	"github.com/softrdma/softrdma/softrdmatest"
 	"golang.org/x/sys/unix"
 )
@@ -43,4 +44,26 @@ func waitWC(t *testing.T, cq *softrdma.CQ) softrdma.WC {
 	_, err := cq.Wait(ctx, wc[:])
 	require.NoError(t, err)
 	return wc[0]
+}
+
+// acceptResult is what acceptAsync's Accept returned.
+type acceptResult struct {
+	c   *rdmacm.Conn
+	err error
+}
+
+// acceptAsync takes the next request on l and accepts it on qp with p, in
+// a goroutine; the result arrives on the channel.
+func acceptAsync(ctx context.Context, l *rdmacm.Listener, qp *softrdma.QP, p rdmacm.ConnParam) <-chan acceptResult {
+	ch := make(chan acceptResult, 1)
+	go func() {
+		r, err := l.GetRequest(ctx)
+		if err != nil {
+			ch <- acceptResult{nil, err}
+			return
+		}
+		c, err := r.Accept(ctx, qp, p)
+		ch <- acceptResult{c, err}
+	}()
+	return ch
 }
