@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -128,8 +129,26 @@ func lockTestbed(t *testing.T, cache string) {
 }
 
 // buildSoftrdma builds cmd/softrdma (with -race if this test runs with it).
+// It first stats every Go source of the module: go test caches a result
+// under the files the test opened or stat'ed, and the binary is built from
+// packages this test does not import, so without that a change to the
+// tool would be answered from the cache.
 func buildSoftrdma(t *testing.T, dir string) string {
 	t.Helper()
+	root, err := filepath.Abs("..")
+	require.NoError(t, err)
+	require.NoError(t, filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata") && path != root {
+			return filepath.SkipDir
+		}
+		if n := d.Name(); !d.IsDir() && (strings.HasSuffix(n, ".go") || n == "go.mod" || n == "go.sum") {
+			_, err = os.Stat(path)
+		}
+		return err
+	}))
 	bin := filepath.Join(dir, "softrdma")
 	args := []string{"build", "-o", bin}
 	if raceEnabled {
