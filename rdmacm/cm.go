@@ -606,7 +606,7 @@ func (cm *CM) onDREQ(d mad.DREQ, tid uint64, to dest) {
 		})
 		return
 	}
-	c.onDREQ(tid, to)
+	c.onDREQ(tid)
 }
 
 // localIPFor returns the local address the kernel routes towards dst from

@@ -280,13 +280,10 @@ func TestRetryAfterReject(t *testing.T) {
 		require.Equal(t, softrdma.QPStateInit, p.B.QP.State())
 		l, err := cmA.Listen(port, 1)
 		require.NoError(t, err)
-		go func() {
-			if r, err := l.GetRequest(context.Background()); err == nil {
-				_, _ = r.Accept(context.Background(), p.A.QP, rdmacm.ConnParam{})
-			}
-		}()
+		accepted := acceptAsync(context.Background(), l, p.A.QP, rdmacm.ConnParam{})
 		c, err := cmB.Connect(context.Background(), p.B.QP, netipAddrPort(p.A.Dev, port), rdmacm.ConnParam{})
 		require.NoError(t, err)
+		require.NoError(t, (<-accepted).err)
 		require.Equal(t, softrdma.QPStateRTS, p.B.QP.State())
 		require.NoError(t, c.Disconnect())
 		<-c.Done()
@@ -442,14 +439,7 @@ func TestPathMTUCap(t *testing.T) {
 func TestCloseKeepsCleanDisconnect(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p, cmA, cmB := pair(t)
-		l, err := cmA.Listen(port, 1)
-		require.NoError(t, err)
-		accepted := acceptAsync(context.Background(), l, p.A.QP, rdmacm.ConnParam{})
-		cb, err := cmB.Connect(context.Background(), p.B.QP, netipAddrPort(p.A.Dev, port), rdmacm.ConnParam{})
-		require.NoError(t, err)
-		ra := <-accepted
-		require.NoError(t, ra.err)
-		ca := ra.c
+		ca, cb := connect(t, p, cmA, cmB)
 		require.NoError(t, ca.Disconnect())
 		<-ca.Done()
 		<-cb.Done()
@@ -468,14 +458,7 @@ func TestCloseKeepsCleanDisconnect(t *testing.T) {
 func TestCloseSendsLastDREQ(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p, cmA, cmB := pair(t)
-		l, err := cmA.Listen(port, 1)
-		require.NoError(t, err)
-		accepted := acceptAsync(context.Background(), l, p.A.QP, rdmacm.ConnParam{})
-		cb, err := cmB.Connect(context.Background(), p.B.QP, netipAddrPort(p.A.Dev, port), rdmacm.ConnParam{})
-		require.NoError(t, err)
-		ra := <-accepted
-		require.NoError(t, ra.err)
-		ca := ra.c
+		ca, cb := connect(t, p, cmA, cmB)
 		require.NoError(t, cb.Disconnect())
 		require.NoError(t, cmB.Close())
 		select {

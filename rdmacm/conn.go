@@ -512,7 +512,7 @@ func (c *Conn) onMRA(m mad.MRA) {
 	c.arm(wait) // the answer takes longer: wait, do not send again meanwhile
 }
 
-func (c *Conn) onDREQ(tid uint64, to dest) {
+func (c *Conn) onDREQ(tid uint64) {
 	cm := c.cm
 	switch c.state {
 	case stEstablished, stRepSent, stDreqSent:

@@ -67,3 +67,17 @@ func acceptAsync(ctx context.Context, l *rdmacm.Listener, qp *softrdma.QP, p rdm
 	}()
 	return ch
 }
+
+// connect connects p's two QPs with the CMs, B active (port 7174, zero
+// ConnParams), and returns A's and B's connections.
+func connect(t *testing.T, p *softrdmatest.Pair, cmA, cmB *rdmacm.CM) (ca, cb *rdmacm.Conn) {
+	t.Helper()
+	l, err := cmA.Listen(port, 1)
+	require.NoError(t, err)
+	accepted := acceptAsync(context.Background(), l, p.A.QP, rdmacm.ConnParam{})
+	cb, err = cmB.Connect(context.Background(), p.B.QP, netipAddrPort(p.A.Dev, port), rdmacm.ConnParam{})
+	require.NoError(t, err)
+	ra := <-accepted
+	require.NoError(t, ra.err)
+	return ra.c, cb
+}
