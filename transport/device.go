@@ -328,7 +328,6 @@ func (d *Device) createQP(pd uint32, init *QPInitAttr, qpn uint32) (*QP, error) 
 		d.qps.next++
 		if d.qps.next >= MaxQPN {
 			d.qps.next = FirstQPN
-			d.reader = d.place.NewReader()
 		}
 		if d.qpTable[n].Load() == nil {
 			qp.qpn = wire.QPN(n)
@@ -585,13 +584,21 @@ func (b *txBatch) flush() {
 		return
 	}
 	err := b.d.conn.Send(b.pkts[:b.n])
+	failed := b.n
+	var se *conn.SendError
+	switch {
+	case err == nil:
+		failed = 0
+	case errors.As(err, &se):
+		// The kernel refused some; the rest left.
+		failed = min(se.Failed, b.n)
+	}
+	b.d.counters.SentPkts.Add(uint64(b.n - failed))
 	if err != nil {
-		b.d.counters.SendErr.Add(uint64(b.n))
+		b.d.counters.SendErr.Add(uint64(failed))
 		if !b.d.closed.Load() {
 			b.d.logf("softrdma: send: %v", err)
 		}
-	} else {
-		b.d.counters.SentPkts.Add(uint64(b.n))
 	}
 	clear(b.pkts[:b.n])
 	b.n = 0

@@ -22,6 +22,7 @@ package conn
 
 import (
 	"errors"
+	"fmt"
 	"net/netip"
 
 	"github.com/softrdma/softrdma/transport/wire"
@@ -207,6 +208,24 @@ var (
 	// other IP family, or (pipe) not the peer's address.
 	ErrAddressFamily = errors.New("conn: destination address not reachable from this conn")
 )
+
+// SendError is what Send returns when the kernel refused some datagrams
+// of a batch (EMSGSIZE, ENOBUFS, EPERM from a firewall, ...): Failed of
+// them were not sent (and are counted in Stats().SendErrors), every other
+// packet was. Err is the first refusal, an *os.SyscallError. With an
+// impairment that delays packets, the datagrams sent (and refused) by one
+// Send may include packets of earlier calls that fell due.
+type SendError struct {
+	Failed int   // datagrams refused by the kernel
+	Err    error // the first refusal
+}
+
+func (e *SendError) Error() string {
+	return fmt.Sprintf("conn: %d datagrams not sent: %v", e.Failed, e.Err)
+}
+
+// Unwrap returns the first refusal.
+func (e *SendError) Unwrap() error { return e.Err }
 
 // Config configures Listen.
 type Config struct {

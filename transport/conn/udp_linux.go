@@ -459,7 +459,7 @@ func (c *UDPConn) emitBatch(items []item) error {
 			c.sports = append(c.sports, items[i].sport)
 		}
 	}
-	var first error
+	var first *SendError
 	for _, p := range c.sports {
 		c.sorted = c.sorted[:0]
 		for i := range items {
@@ -472,9 +472,16 @@ func (c *UDPConn) emitBatch(items []item) error {
 		if errors.Is(err, net.ErrClosed) {
 			return err
 		}
-		if err != nil && first == nil {
-			first = err
+		if se, ok := err.(*SendError); ok {
+			if first == nil {
+				first = se
+			} else {
+				first.Failed += se.Failed
+			}
 		}
+	}
+	if first == nil {
+		return nil
 	}
 	return first
 }
@@ -493,6 +500,7 @@ func (c *UDPConn) emitFrom(port uint16, items []item) error {
 		}
 	}
 	var first error
+	failed := 0
 	gso := c.gso.Load()
 	for i := 0; i < len(items); {
 		nm, ni := 0, 0
@@ -528,7 +536,7 @@ func (c *UDPConn) emitFrom(port uint16, items []item) error {
 			ni += k
 			i += k
 		}
-		resume, err := c.sendMessages(nm)
+		resume, f, err := c.sendMessages(nm)
 		clear(c.siov[:ni]) // do not keep the callers' buffers reachable
 		for m := range nm {
 			c.sh[m].Hdr.Iov = nil
@@ -536,6 +544,7 @@ func (c *UDPConn) emitFrom(port uint16, items []item) error {
 		if errors.Is(err, net.ErrClosed) {
 			return err
 		}
+		failed += f
 		if err != nil && first == nil {
 			first = err
 		}
@@ -543,7 +552,13 @@ func (c *UDPConn) emitFrom(port uint16, items []item) error {
 			i, gso = resume, false
 		}
 	}
-	return first
+	if first == nil {
+		return nil
+	}
+	if failed == 0 {
+		return first // the socket failed as a whole (not a refusal)
+	}
+	return &SendError{Failed: failed, Err: first}
 }
 
 // runLen returns how many of items, from the first, one GSO super-buffer
@@ -594,12 +609,12 @@ func (c *UDPConn) putName(sa *unix.RawSockaddrInet6, a netip.AddrPort) uint32 {
 // sendMessages sends messages sh[:nm], skipping (and counting) the ones the
 // kernel refuses. If GSO fails with EIO (a device that cannot checksum
 // segments) it turns GSO off and returns the index of the first item still
-// to send; otherwise resume is -1.
-func (c *UDPConn) sendMessages(nm int) (resume int, err error) {
+// to send; otherwise resume is -1. failed is the datagrams refused.
+func (c *UDPConn) sendMessages(nm int) (resume, failed int, err error) {
 	for sent := 0; sent < nm; {
 		c.sOff, c.sCnt = sent, nm-sent
 		if werr := c.sRC.Write(c.sendFn); werr != nil {
-			return -1, werr
+			return -1, failed, werr
 		}
 		for _, r := range c.sruns[sent : sent+c.sN] {
 			c.stats.SentDatagrams.Add(uint64(r.count))
@@ -618,15 +633,16 @@ func (c *UDPConn) sendMessages(nm int) (resume int, err error) {
 		if c.sErr == unix.EIO && r.count > 1 {
 			c.gso.Store(false)
 			c.logf("conn: %v: UDP GSO send failed (%v); GSO turned off", c.local, c.sErr)
-			return r.first, nil
+			return r.first, failed, nil
 		}
 		c.stats.SendErrors.Add(uint64(r.count))
+		failed += r.count
 		if err == nil {
 			err = os.NewSyscallError("sendmmsg", c.sErr)
 		}
 		sent++
 	}
-	return -1, err
+	return -1, failed, err
 }
 
 // sendmmsg is the RawConn.Write callback; its arguments and results are

@@ -370,7 +370,8 @@ func ipv4UDP(src, dst netip.AddrPort, id uint16, payload []byte) []byte {
 
 // TestSendSkipsRefusedDatagrams sends a datagram larger than the TUN
 // device's MTU (1500) in the middle of a batch: with DF the kernel refuses
-// it (EMSGSIZE), Send counts it, sends the rest and returns the error.
+// it (EMSGSIZE), Send counts it, sends the rest and returns a *SendError
+// that says one was refused.
 func TestSendSkipsRefusedDatagrams(t *testing.T) {
 	n := newTunNetns(t)
 	c := n.listen(t, conn.Config{Addr: conn.DefaultAddr(tunLocal4), DisableGSO: true})
@@ -382,6 +383,9 @@ func TestSendSkipsRefusedDatagrams(t *testing.T) {
 	}
 	err := c.Send(pkts)
 	require.ErrorIs(t, err, unix.EMSGSIZE)
+	var se *conn.SendError
+	require.ErrorAs(t, err, &se)
+	require.Equal(t, 1, se.Failed, "one datagram refused, two sent")
 	require.Equal(t, uint64(1), c.Stats().SendErrors.Load())
 	require.Equal(t, uint64(2), c.Stats().SentDatagrams.Load())
 	got := n.read(t, 2)

@@ -1,0 +1,85 @@
+package transport
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/softrdma/softrdma/placement"
+	"github.com/softrdma/softrdma/transport/conn"
+)
+
+// refusingConn is a pipe whose Send drops every datagram of odd index, as
+// a kernel that refuses some datagrams of a batch does: the rest are sent
+// and a *conn.SendError says how many were not.
+type refusingConn struct {
+	*conn.PipeConn
+}
+
+func (c refusingConn) Send(pkts []conn.Packet) error {
+	var keep []conn.Packet
+	for i, p := range pkts {
+		if i%2 == 0 {
+			keep = append(keep, p)
+		}
+	}
+	if err := c.PipeConn.Send(keep); err != nil {
+		return err
+	}
+	if failed := len(pkts) - len(keep); failed > 0 {
+		return &conn.SendError{Failed: failed, Err: fmt.Errorf("sendmmsg: %w", unix.EMSGSIZE)}
+	}
+	return nil
+}
+
+// TestSentPktsCountsWhatLeft: when the socket refuses some datagrams of a
+// batch, sent_pkts counts the ones that left and send_err the refused
+// ones (rxe counts sent_pkts per packet handed to the network). Before,
+// a partial failure counted the whole batch as send_err and none as
+// sent, so a capture showed more packets than sent_pkts said.
+func TestSentPktsCountsWhatLeft(t *testing.T) {
+	a, b := conn.NewPipe()
+	d, err := NewDevice(Config{Conn: refusingConn{b}, Placement: placement.New(placement.Config{})})
+	require.NoError(t, err)
+	t.Cleanup(func() { d.Close(); a.Close() })
+
+	var tx txBatch
+	tx.init(d)
+	for range 5 {
+		buf := tx.alloc(64, a.LocalAddr(), 0)
+		clear(buf)
+	}
+	tx.flush()
+	c := d.Counters()
+	require.Equal(t, uint64(3), c.SentPkts.Load(), "packets 0, 2 and 4 left")
+	require.Equal(t, uint64(2), c.SendErr.Load(), "packets 1 and 3 were refused")
+	require.Equal(t, uint64(3), b.Stats().SentDatagrams.Load())
+}
+
+// TestQPNWrapKeepsTheReceiveLoopsReader: when QPN allocation wraps from
+// MaxQPN-1 back to FirstQPN, the device keeps the receive loop's STag-table
+// reader. (It used to register a new one there, from CreateQP's goroutine:
+// a data race with the receive loop, and a reader left online at that
+// moment would hold up every later grace period, DeregMR included, for
+// ever.)
+func TestQPNWrapKeepsTheReceiveLoopsReader(t *testing.T) {
+	a, b := conn.NewPipe()
+	d, err := NewDevice(Config{Conn: b, Placement: placement.New(placement.Config{})})
+	require.NoError(t, err)
+	t.Cleanup(func() { d.Close(); a.Close() })
+	r0 := d.reader
+	cq := NewCQ(16)
+	attr := &QPInitAttr{SendCQ: cq, RecvCQ: cq, Type: QPTypeRC, Cap: Cap{MaxSendWR: 1, MaxRecvWR: 1, MaxSendSGE: 1, MaxRecvSGE: 1}}
+	d.qps.Lock()
+	d.qps.next = MaxQPN - 1
+	d.qps.Unlock()
+	for _, want := range []uint32{MaxQPN - 1, FirstQPN} {
+		qp, err := d.CreateQP(1, attr)
+		require.NoError(t, err)
+		require.Equal(t, want, uint32(qp.QPN()))
+		require.NoError(t, d.DestroyQP(qp))
+	}
+	require.Same(t, r0, d.reader, "the receive loop's reader was replaced")
+}
