@@ -108,6 +108,18 @@ func (s *session) reportFile(w io.Writer, text bool, mine, peer *roundResult) {
 }
 
 // nonZeroCounters returns the device's hw_counters that are not zero.
+// peerAddr returns the address of the round's first peer QP, else the
+// last round's, else "?" (none connected).
+func (s *session) peerAddr() string {
+	switch {
+	case len(s.remote) > 0 && s.remote[0].Addr().IsValid():
+		return s.remote[0].Addr().String()
+	case s.lastPeer != "":
+		return s.lastPeer
+	}
+	return "?"
+}
+
 func nonZeroCounters(s *session) map[string]uint64 {
 	m := map[string]uint64{}
 	for _, c := range s.dev.Snapshot() {
@@ -122,12 +134,8 @@ func nonZeroCounters(s *session) map[string]uint64 {
 }
 
 // printStat prints the device's non-zero counters (--stat), in the order
-// the device lists them.
-func (s *session) printStat(w io.Writer) {
-	var peer any = "?"
-	if len(s.remote) > 0 {
-		peer = s.remote[0].Addr()
-	}
+// the device lists them; peer is the peer's address (peerAddr).
+func (s *session) printStat(w io.Writer, peer string) {
 	fmt.Fprintf(w, "softrdma counters (%v <-> %v):\n", s.dev.LocalAddr(), peer)
 	for _, c := range s.dev.Snapshot() {
 		if c.Value != 0 {

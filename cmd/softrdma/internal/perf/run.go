@@ -94,10 +94,16 @@ func Run(ctx context.Context, o *Options) (*Result, error) {
 		s.json.Error = err.Error()
 	}
 	if s.dev != nil {
-		s.json.Counters = nonZeroCounters(s)
 		s.json.ODP = s.odpReport()
+		// The counters are read once the device is closed: the ACKs of
+		// the receive loop's last batch and the CM's last DREQ or DREP
+		// may leave only then (a completion is visible before its ACK is
+		// sent, as on rxe).
+		peer := s.peerAddr()
+		s.close()
+		s.json.Counters = nonZeroCounters(s)
 		if o.Stat && !o.JSON {
-			s.printStat(o.Stdout)
+			s.printStat(o.Stdout, peer)
 		}
 	}
 	s.json.PeerODP = s.peerODP

@@ -20,6 +20,10 @@ import (
 // session is one side of one tool run: the control channel, the device,
 // the registered buffer, and the QPs of the current round.
 type session struct {
+	closed bool // close ran
+	// lastPeer is the peer's address in the last round destroyed
+	// (destroyRound), for --stat.
+	lastPeer string
 	o      *Options
 	p      Params
 	test   Test
@@ -216,8 +220,12 @@ func (s *session) setup() error {
 const bufAccess = softrdma.AccessLocalWrite | softrdma.AccessRemoteWrite | softrdma.AccessRemoteRead |
 	softrdma.AccessRemoteAtomic
 
-// close releases everything; it is safe on a partly set up session.
+// close releases everything, once; it is safe on a partly set up session.
 func (s *session) close() {
+	if s.closed {
+		return
+	}
+	s.closed = true
 	s.cmClose()
 	s.destroyRound()
 	if s.mr != nil {
@@ -305,6 +313,7 @@ func (s *session) destroyRound() {
 			s.dev.DestroyQP(qp)
 		}
 	}
+	s.lastPeer = s.peerAddr()
 	s.qps, s.cq, s.remote = nil, nil, nil
 }
 

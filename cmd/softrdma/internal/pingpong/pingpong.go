@@ -631,17 +631,12 @@ func pollErr(err error) error {
 	return fmt.Errorf("poll CQ failed: %w", err)
 }
 
-// close prints the counters (Stat), also after a failure, and releases
-// everything; it is safe on a partly set up run.
+// close releases everything and then prints the counters (Stat), also
+// after a failure; it is safe on a partly set up run. The counters come
+// last: the ACKs of the receive loop's last batch may leave only while
+// the device closes (a completion is visible before its ACK is sent, as
+// on rxe), and counters read before would miss them.
 func (r *run) close() {
-	if r.o.Stat && r.dev != nil {
-		fmt.Fprintf(r.o.Stdout, "softrdma counters (%v <-> %v):\n", r.dev.LocalAddr(), r.peer)
-		for _, c := range r.dev.Snapshot() {
-			if c.Value != 0 {
-				fmt.Fprintf(r.o.Stdout, "  %s = %d\n", c.Name, c.Value)
-			}
-		}
-	}
 	if r.qp != nil {
 		r.dev.DestroyQP(r.qp)
 	}
@@ -662,6 +657,14 @@ func (r *run) close() {
 	}
 	if r.dev != nil {
 		r.dev.Close()
+	}
+	if r.o.Stat && r.dev != nil {
+		fmt.Fprintf(r.o.Stdout, "softrdma counters (%v <-> %v):\n", r.dev.LocalAddr(), r.peer)
+		for _, c := range r.dev.Snapshot() {
+			if c.Value != 0 {
+				fmt.Fprintf(r.o.Stdout, "  %s = %d\n", c.Name, c.Value)
+			}
+		}
 	}
 	if r.tap != nil {
 		if err := r.tap.Close(); err != nil {

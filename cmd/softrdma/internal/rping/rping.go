@@ -569,7 +569,24 @@ func cString(b []byte) []byte {
 	return b
 }
 
+// close releases everything and then prints the counters (--stat): the
+// CM's last DREQ or DREP and the ACKs of the last batch leave while the
+// CM and the device close, so counters read before would miss them.
 func (s *side) close() {
+	if s.qp != nil {
+		_ = s.dev.DestroyQP(s.qp)
+	}
+	for _, mr := range []*softrdma.MR{s.mrRecv, s.mrSend, s.mrRDMA, s.mrSrc} {
+		if mr != nil {
+			_ = s.dev.DeregMR(mr)
+		}
+	}
+	if s.cm != nil {
+		_ = s.cm.Close()
+	}
+	if s.dev != nil {
+		_ = s.dev.Close()
+	}
 	if s.o.Stat && s.dev != nil {
 		fmt.Fprintf(s.o.Stdout, "softrdma counters (%v):\n", s.dev.LocalAddr())
 		for _, c := range s.dev.Snapshot() {
@@ -584,20 +601,6 @@ func (s *side) close() {
 				}
 			}
 		}
-	}
-	if s.qp != nil {
-		_ = s.dev.DestroyQP(s.qp)
-	}
-	for _, mr := range []*softrdma.MR{s.mrRecv, s.mrSend, s.mrRDMA, s.mrSrc} {
-		if mr != nil {
-			_ = s.dev.DeregMR(mr)
-		}
-	}
-	if s.cm != nil {
-		_ = s.cm.Close()
-	}
-	if s.dev != nil {
-		_ = s.dev.Close()
 	}
 	for _, b := range s.maps {
 		_ = unix.Munmap(b)
