@@ -1,6 +1,7 @@
 package softrdma
 
 import (
+	"fmt"
 	"net/netip"
 
 	"github.com/softrdma/softrdma/transport/wire"
@@ -64,8 +65,11 @@ func (o ConnectOptions) withDefaults() ConnectOptions {
 // calls of ibv_rc_pingpong and perftest, with their required attributes
 // (IBTA Table 91). A UC QP gets UC's attributes only (ibv_uc_pingpong's
 // calls: no timeout, retries, RNR timer or READ/atomic credits). On error
-// the QP is left in the state reached.
+// the QP is left in the state reached; a nil QP is ErrBadQP.
 func Connect(qp *QP, remote Endpoint, localPSN PSN, o ConnectOptions) error {
+	if qp == nil {
+		return fmt.Errorf("softrdma: connect: nil QP: %w", ErrBadQP)
+	}
 	if o.MTU == 0 && !o.Exact {
 		o.MTU = qp.ActiveMTU() // the port's, as perftest takes it
 	}

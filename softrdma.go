@@ -375,4 +375,6 @@ func (d *Device) CreateGSIQP(pd *PD, init QPInitAttr) (*QP, error) {
 const GSIQKey = mad.GSIQKey
 
 // DestroyQP destroys a QP, flushing its outstanding WRs (ibv_destroy_qp).
+// A nil QP, one destroyed already or one of another device is ErrBadQP
+// (EINVAL).
 func (d *Device) DestroyQP(qp *QP) error { return d.t.DestroyQP(qp) }

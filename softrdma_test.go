@@ -321,3 +321,18 @@ func TestConnectWrongFamily(t *testing.T) {
 	err = softrdma.Connect(qp, softrdma.Endpoint{Addr: netip.MustParseAddrPort("[::1]:4791"), QPN: 0x11, PSN: 1}, 1, softrdma.ConnectOptions{})
 	require.ErrorContains(t, err, "is IPv6 but the device is bound to 127.0.0.1")
 }
+
+// TestDestroyQPBadHandles: DestroyQP of nil, of a QP destroyed already and
+// of another device's QP, and Connect of nil, are ErrBadQP (EINVAL), not a
+// panic or a silent success.
+func TestDestroyQPBadHandles(t *testing.T) {
+	p := softrdmatest.NewPair(t, softrdmatest.Options{NoPcap: true})
+	require.ErrorIs(t, p.A.Dev.DestroyQP(nil), softrdma.ErrBadQP)
+	require.ErrorIs(t, softrdma.Connect(nil, softrdma.Endpoint{}, 1, softrdma.ConnectOptions{}), softrdma.ErrBadQP)
+	require.ErrorIs(t, p.A.Dev.DestroyQP(p.B.QP), softrdma.ErrBadQP, "B's QP destroyed through A")
+	qp, err := p.A.Dev.CreateQP(p.A.PD, softrdma.QPInitAttr{SendCQ: p.A.CQ, RecvCQ: p.A.CQ, Type: softrdma.QPTypeRC,
+		Cap: softrdma.Cap{MaxSendWR: 4, MaxRecvWR: 4, MaxSendSGE: 1, MaxRecvSGE: 1}})
+	require.NoError(t, err)
+	require.NoError(t, p.A.Dev.DestroyQP(qp))
+	require.ErrorIs(t, p.A.Dev.DestroyQP(qp), softrdma.ErrBadQP, "second destroy")
+}

@@ -147,4 +147,7 @@ var (
 	ErrBadSGE       = transport.ErrBadSGE
 	ErrBadAttr      = transport.ErrBadAttr
 	ErrCQOverrun    = transport.ErrCQOverrun
+	// ErrBadQP: DestroyQP or Connect of a nil QP, DestroyQP of a QP
+	// destroyed already or of another device (EINVAL).
+	ErrBadQP = transport.ErrBadQP
 )

@@ -283,6 +283,7 @@ var (
 	ErrAtomicAlign   = errors.New("atomic remote address is not 8-byte aligned")
 	ErrAtomicLength  = errors.New("atomic needs one 8-byte local SGE")
 	ErrBusy          = errors.New("resource in use (EBUSY)")
+	ErrBadQP         = errors.New("QP missing, destroyed or of another device")
 )
 
 // qpnOf is a helper for WC.QPN.
