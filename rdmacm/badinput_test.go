@@ -228,3 +228,35 @@ func TestAcceptFlowLabel(t *testing.T) {
 		require.Equal(t, uint16(52765), p.A.QP.SourcePort())
 	})
 }
+
+// TestWarningsAreRateLimited: a peer that sends the same bad MAD again and
+// again gets it counted every time but logged only 10 times (then one in
+// 1000), as the device's drop warnings are: a log line per garbage MAD
+// would let any peer flood the log.
+func TestWarningsAreRateLimited(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := softrdmatest.NewPair(t, softrdmatest.Options{Pipe: true, NoPcap: true, NoConnect: true})
+		var mu sync.Mutex
+		var logs []string
+		cmA, err := rdmacm.Open(p.A.Dev, rdmacm.Options{Logf: func(f string, a ...any) {
+			mu.Lock()
+			defer mu.Unlock()
+			logs = append(logs, fmt.Sprintf(f, a...))
+		}})
+		require.NoError(t, err)
+		defer cmA.Close()
+		const n = 25
+		for i := range n {
+			r := newRawPeer(t, p)
+			r.send(func(b []byte) {
+				header(mad.ClassCM, mad.CMClassVersion, mad.MethodSend, mad.AttrREQ, uint64(100+i))(b)
+				b[0] = 2 // base version 2: does not parse
+			}, false)
+		}
+		require.Equal(t, uint64(n), cmA.Counters().Malformed.Load())
+		mu.Lock()
+		defer mu.Unlock()
+		require.Len(t, logs, 10, "%q", logs)
+		require.Contains(t, logs[0], "base version")
+	})
+}

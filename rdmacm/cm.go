@@ -130,15 +130,16 @@ func (c *Counters) Snapshot() []Counter {
 // CM is a device's connection manager. It owns the device's GSI QP (QP1);
 // there is one per device. Safe for concurrent use.
 type CM struct {
-	dev  *softrdma.Device
-	opts Options
-	pd   *softrdma.PD
-	cq   *softrdma.CQ
-	qp   *softrdma.QP
-	mr   *softrdma.MR
-	buf  []byte // nRecv receive slots of recvLen, then nSend send slots of mad.Size
-	gid  netip.Addr
-	guid uint64
+	warned [nWarnKinds]atomic.Uint64 // lines of each kind (warn)
+	dev    *softrdma.Device
+	opts   Options
+	pd     *softrdma.PD
+	cq     *softrdma.CQ
+	qp     *softrdma.QP
+	mr     *softrdma.MR
+	buf    []byte // nRecv receive slots of recvLen, then nSend send slots of mad.Size
+	gid    netip.Addr
+	guid   uint64
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -337,6 +338,30 @@ func (cm *CM) peerOf(grh []byte, wc *softrdma.WC) netip.AddrPort {
 
 func (cm *CM) logf(format string, args ...any) { cm.opts.Logf(format, args...) }
 
+// warnKind is a kind of message a peer can make the CM log; each kind is
+// rate-limited on its own (warn).
+type warnKind int
+
+const (
+	warnMalformed   warnKind = iota // a MAD that does not parse
+	warnStatus                      // a peer's GetResp with a non-zero status
+	warnNotOurs                     // a message for a comm ID not ours
+	warnUnsupported                 // a request we answer with a MAD status
+	warnRejected                    // a REQ refused by the CM itself
+	warnBacklog                     // a REQ dropped for a full backlog
+	warnSend                        // a MAD that could not be sent
+	nWarnKinds
+)
+
+// warn logs a line of a kind a peer can repeat at will, rate-limited as
+// the device's drop warnings are: the first 10 of each kind, then one in
+// 1000. What it reports is counted by the caller (Counters) in any case.
+func (cm *CM) warn(k warnKind, format string, args ...any) {
+	if n := cm.warned[k].Add(1); n <= 10 || n%1000 == 0 {
+		cm.logf(format, args...)
+	}
+}
+
 // receive handles one received MAD (b: GRH then the datagram).
 func (cm *CM) receive(b []byte, wc *softrdma.WC) {
 	if len(b) < recvLen {
@@ -347,13 +372,13 @@ func (cm *CM) receive(b []byte, wc *softrdma.WC) {
 	d, err := mad.Parse(b[softrdma.GRHSize:])
 	if err != nil {
 		cm.ctr.Malformed.Add(1)
-		cm.logf("rdmacm: dropped a MAD from %v: %v", peer, err)
+		cm.warn(warnMalformed, "rdmacm: dropped a MAD from %v: %v", peer, err)
 		return
 	}
 	to := dest{peer, softrdma.QPN(wc.SrcQP)} // answers go to the sending QP (IBTA 13.5.1; normally QP1)
 	if d.Response() {
 		if d.Status() != 0 {
-			cm.logf("rdmacm: %v answered %v with MAD status %#04x", peer, d.AttributeID(), d.Status())
+			cm.warn(warnStatus, "rdmacm: %v answered %v with MAD status %#04x", peer, d.AttributeID(), d.Status())
 		}
 		return // nobody here sends requests that expect GetResp
 	}
@@ -389,7 +414,7 @@ func (cm *CM) receive(b []byte, wc *softrdma.WC) {
 	c := cm.byLocal[remote]
 	if c == nil {
 		cm.ctr.UnknownCommID.Add(1)
-		cm.logf("rdmacm: dropped a %v from %v for comm ID %#08x (local %#08x), which is not ours", attr, peer, remote, local)
+		cm.warn(warnNotOurs, "rdmacm: dropped a %v from %v for comm ID %#08x (local %#08x), which is not ours", attr, peer, remote, local)
 		return
 	}
 	switch attr {
@@ -417,7 +442,7 @@ const (
 // it and logs the peer and what it asked.
 func (cm *CM) unsupported(d mad.Datagram, to dest, status uint16, what string) {
 	cm.ctr.Unsupported.Add(1)
-	cm.logf("rdmacm: %v sent %s: answered with MAD status %#04x", to.addr, what, status)
+	cm.warn(warnUnsupported, "rdmacm: %v sent %s: answered with MAD status %#04x", to.addr, what, status)
 	cm.mu.Lock()
 	defer cm.mu.Unlock()
 	if cm.closed {
@@ -461,7 +486,7 @@ func (cm *CM) sendRaw(to dest, fill func(b []byte)) {
 		SGL: []softrdma.SGE{{Addr: cm.mr.Addr() + uint64(nRecv*recvLen+slot*mad.Size), Length: mad.Size, LKey: cm.mr.LKey()}},
 		AH:  ah, RemoteQPN: to.qpn, RemoteQKey: softrdma.GSIQKey})
 	if err != nil {
-		cm.logf("rdmacm: send to %v: %v", to.addr, err)
+		cm.warn(warnSend, "rdmacm: send to %v: %v", to.addr, err)
 		return
 	}
 	cm.freeSend = cm.freeSend[:len(cm.freeSend)-1]
@@ -547,7 +572,7 @@ func (cm *CM) onREQ(r mad.REQ, tid uint64, to dest) {
 	}
 	sid := r.ServiceID()
 	refuse := func(reason mad.RejectReason, why string) {
-		cm.logf("rdmacm: rejected a REQ from %v (QPN %d, service %v): %s", peer, r.LocalQPN(), sid, why)
+		cm.warn(warnRejected, "rdmacm: rejected a REQ from %v (QPN %d, service %v): %s", peer, r.LocalQPN(), sid, why)
 		cm.reject(to, tid, 0, r.LocalCommID(), mad.MsgREQ, reason, nil)
 	}
 	if t := r.TransportServiceType(); t != mad.TransportRC {
@@ -587,7 +612,7 @@ func (cm *CM) onREQ(r mad.REQ, tid uint64, to dest) {
 	case l.reqs <- req:
 	default:
 		cm.ctr.BacklogOverflow.Add(1)
-		cm.logf("rdmacm: dropped a REQ from %v for port %d: backlog of %d full", peer, sid.Port(), cap(l.reqs))
+		cm.warn(warnBacklog, "rdmacm: dropped a REQ from %v for port %d: backlog of %d full", peer, sid.Port(), cap(l.reqs))
 		return // the active side sends it again
 	}
 	cm.byLocal[c.localID] = c

@@ -62,6 +62,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err := demo.Run(ctx, demo.Options{File: c.Demo.File, Size: int64(c.Demo.Size), Impair: c.Demo.Impair,
 			Pcap: c.Demo.Pcap, Stdout: stdout, Logf: logf})
 		if err != nil {
+			if errors.Is(err, perf.ErrUsage) {
+				fmt.Fprintf(stderr, "softrdma: demo: %v\n", err)
+				return exitUsage
+			}
 			if !errors.Is(err, demo.ErrFailed) {
 				fmt.Fprintf(stderr, "softrdma: %v\n", err)
 			}
@@ -97,6 +101,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	o.Stdout, o.Logf = stdout, logf
 	if _, err := perf.Run(ctx, o); err != nil {
 		fmt.Fprintf(stderr, "softrdma: %s: %v\n", test, err)
+		if errors.Is(err, perf.ErrUsage) {
+			return exitUsage
+		}
 		return exitFail
 	}
 	return exitOK

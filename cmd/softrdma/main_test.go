@@ -119,10 +119,14 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"write-bw", "--bind", "127.0.0.1:99999", "h"}, "bad port"},
 		{[]string{"write-bw", "-p", "65536", "h"}, "the port must be 1 to 65535"},
 		{[]string{"write-bw", "--port=-1"}, "the port must be 1 to 65535"},
+		{[]string{"write-bw", "--out", "o", "127.0.0.1"}, "write-bw: --out goes on the server"},
+		{[]string{"read-lat", "--file", "main.go", "127.0.0.1"}, "--file and --out are for the BW tools"},
+		{[]string{"demo", "--impair", "loss=5"}, "not a probability"},
 	} {
 		code, _, stderr := runCLI(t, tc.args...)
 		assert.Equal(t, exitUsage, code, tc.args)
 		assert.Contains(t, stderr, tc.want, tc.args)
+		assert.NotContains(t, stderr, tc.args[0]+": "+tc.args[0]+":", "the command named twice")
 	}
 }
 

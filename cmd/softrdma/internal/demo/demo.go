@@ -76,7 +76,7 @@ func Run(ctx context.Context, o Options) error {
 	}
 	imp, err := perf.ParseImpair(o.Impair)
 	if err != nil {
-		return err
+		return fmt.Errorf("%w (%w)", err, perf.ErrUsage)
 	}
 	var tap *pcaptap.Writer
 	if o.Pcap != "" {

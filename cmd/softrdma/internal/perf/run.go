@@ -49,9 +49,24 @@ type verdict struct {
 	Err string `json:"err,omitempty"`
 }
 
+// ErrUsage marks the errors of Run (and of the demo) that come from a bad
+// command line: options that do not fit together, a --file that cannot be
+// read, a bad --impair or --bind. The CLI exits with 2 for them.
+var ErrUsage = errors.New("bad command line")
+
+// usageError is an error of the command line: it reads as err and is
+// ErrUsage for errors.Is.
+type usageError struct{ err error }
+
+func usage(err error) error               { return usageError{err} }
+func (e usageError) Error() string        { return e.err.Error() }
+func (e usageError) Unwrap() error        { return e.err }
+func (e usageError) Is(target error) bool { return target == ErrUsage }
+
 // Run runs one tool: the server when o.Server is "", else the client. It
 // prints the report to o.Stdout and returns an error if the test could not
-// run or a verification failed (errors.Is(err, ErrMismatch)).
+// run, a verification failed (errors.Is(err, ErrMismatch)) or the options
+// do not fit together (errors.Is(err, ErrUsage)).
 func Run(ctx context.Context, o *Options) (*Result, error) {
 	if o.Stdout == nil {
 		o.Stdout = io.Discard
@@ -60,13 +75,13 @@ func Run(ctx context.Context, o *Options) (*Result, error) {
 		return nil, fmt.Errorf("unknown test %d", o.Test)
 	}
 	if _, err := ParseImpair(o.Impair); err != nil {
-		return nil, err
+		return nil, usage(err)
 	}
 	if _, _, err := ParseBind(o.Bind); err != nil {
-		return nil, err
+		return nil, usage(err)
 	}
 	if err := o.ODP.Validate(); err != nil {
-		return nil, err
+		return nil, usage(err)
 	}
 	s := &session{o: o, test: o.Test, server: o.Server == "", fileSize: -1}
 	if o.ReportGbits {
@@ -116,14 +131,14 @@ func Run(ctx context.Context, o *Options) (*Result, error) {
 }
 
 // openFiles checks that --file and --out are on the right side and opens
-// the file to send.
+// the file to send. Its refusals are ErrUsage.
 func (s *session) openFiles() error {
 	o := s.o
 	if (o.File != "" || o.Out != "") && s.test.IsLat() {
-		return fmt.Errorf("%s: --file and --out are for the BW tools (write-bw, read-bw, send-bw)", s.test)
+		return usage(errors.New("--file and --out are for the BW tools (write-bw, read-bw, send-bw)"))
 	}
 	if (o.File != "" || o.Out != "") && s.test == AtomicBW {
-		return errors.New("atomic-bw: --file and --out do not apply")
+		return usage(errors.New("--file and --out do not apply to atomic-bw"))
 	}
 	sourceIsServer := s.test.fileFromServer()
 	where := func(server bool) string {
@@ -133,19 +148,19 @@ func (s *session) openFiles() error {
 		return "the client"
 	}
 	if o.File != "" && s.server != sourceIsServer {
-		return fmt.Errorf("%s: --file goes on %s (the side whose bytes move); --out on %s writes them",
-			s.test, where(sourceIsServer), where(!sourceIsServer))
+		return usage(fmt.Errorf("--file goes on %s (the side whose bytes move); --out on %s writes them",
+			where(sourceIsServer), where(!sourceIsServer)))
 	}
 	if o.Out != "" && s.server == sourceIsServer {
-		return fmt.Errorf("%s: --out goes on %s (the receiving side); --file on %s", s.test,
-			where(!sourceIsServer), where(sourceIsServer))
+		return usage(fmt.Errorf("--out goes on %s (the receiving side); --file on %s",
+			where(!sourceIsServer), where(sourceIsServer)))
 	}
 	if o.File == "" {
 		return nil
 	}
 	f, err := os.Open(o.File)
 	if err != nil {
-		return fmt.Errorf("--file: %w", err)
+		return usage(fmt.Errorf("--file: %w", err))
 	}
 	st, err := f.Stat()
 	if err != nil {
@@ -154,7 +169,7 @@ func (s *session) openFiles() error {
 	}
 	if !st.Mode().IsRegular() {
 		f.Close()
-		return fmt.Errorf("--file %s: not a regular file", o.File)
+		return usage(fmt.Errorf("--file %s: not a regular file", o.File))
 	}
 	s.file, s.fileSize = f, st.Size()
 	return nil
