@@ -93,6 +93,7 @@ type Device struct {
 	// closing asks the receive loop to send its pending ACKs before Close
 	// closes the socket; it closes acksFlushed when it has.
 	warned          [NumDropReasons]atomic.Uint64 // warnDrop's per-reason counts
+	sendWarned      atomic.Uint64                 // refused sends, for txBatch.flush's rate limit
 	closing         atomic.Bool
 	acksFlushed     chan struct{}
 	acksFlushedOnce sync.Once
@@ -455,10 +456,16 @@ func (d *Device) rxLoop() {
 // log names the peer and what it asked), rate-limited per reason: the first
 // 10, then one in 1000. The drop itself is counted by the caller.
 func (d *Device) warnDrop(r DropReason, format string, args ...any) {
-	if n := d.warned[r].Add(1); n <= 10 || n%1000 == 0 {
+	if warnNth(d.warned[r].Add(1)) {
 		d.logf(format, args...)
 	}
 }
+
+// warnNth reports whether the nth warning of one kind is logged: the
+// first 10, then one in 1000, so that a fault that repeats for every
+// packet (a peer sending garbage, a socket refusing every datagram) does
+// not flood the log.
+func warnNth(n uint64) bool { return n <= 10 || n%1000 == 0 }
 
 // handle is the receive demux (rxe_rcv's checklist): decode, find the QP,
 // check P_Key and peer, then hand requests to the responder and responses
@@ -599,8 +606,11 @@ func (b *txBatch) flush() {
 	b.d.counters.SentPkts.Add(uint64(b.n - failed))
 	if err != nil {
 		b.d.counters.SendErr.Add(uint64(failed))
-		if !b.d.closed.Load() {
-			b.d.logf("softrdma: send: %v", err)
+		// Rate-limited as warnDrop: a datagram the kernel always refuses
+		// (EMSGSIZE, a path MTU larger than the link carries) fails again
+		// on every retransmission, for ever with retry_cnt 7.
+		if n := b.d.sendWarned.Add(1); !b.d.closed.Load() && warnNth(n) {
+			b.d.logf("softrdma: send: %v (failed sends so far: %d; send_err counts the datagrams)", err, n)
 		}
 	}
 	clear(b.pkts[:b.n])

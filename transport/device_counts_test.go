@@ -83,3 +83,32 @@ func TestQPNWrapKeepsTheReceiveLoopsReader(t *testing.T) {
 	}
 	require.Same(t, r0, d.reader, "the receive loop's reader was replaced")
 }
+
+// TestSendErrorLogIsRateLimited: a socket that refuses every datagram
+// (EMSGSIZE: a path MTU larger than the link carries, retransmitted for
+// ever with retry_cnt 7) is logged as the device's other warnings are,
+// the first 10 failed sends, then one in 1000; every refused datagram is
+// still counted as send_err.
+func TestSendErrorLogIsRateLimited(t *testing.T) {
+	a, b := conn.NewPipe()
+	var logs []string
+	logf := func(format string, args ...any) { logs = append(logs, fmt.Sprintf(format, args...)) }
+	d, err := NewDevice(Config{Conn: refusingConn{b}, Placement: placement.New(placement.Config{}), Logf: logf})
+	require.NoError(t, err)
+	t.Cleanup(func() { d.Close(); a.Close() })
+
+	var tx txBatch
+	tx.init(d)
+	for range 2500 {
+		tx.alloc(64, a.LocalAddr(), 0)
+		tx.alloc(64, a.LocalAddr(), 0) // refused
+		tx.flush()
+	}
+	require.Len(t, logs, 12, "sends 1-10, 1000 and 2000")
+	require.Contains(t, logs[0], "softrdma: send: ")
+	require.Contains(t, logs[0], "message too long")
+	require.Contains(t, logs[11], "failed sends so far: 2000")
+	c := d.Counters()
+	require.Equal(t, uint64(2500), c.SendErr.Load())
+	require.Equal(t, uint64(2500), c.SentPkts.Load())
+}

@@ -101,7 +101,7 @@ func (qp *QP) chooseSourcePort() uint16 {
 	held := uint16(0)
 	if qp.dev.spread {
 		if err := qp.dev.conn.AcquireSourcePort(want); err != nil {
-			if n := qp.dev.sportWarned.Add(1); n <= 10 || n%1000 == 0 {
+			if n := qp.dev.sportWarned.Add(1); warnNth(n) {
 				qp.dev.logf("softrdma: QP %d sends from UDP port %d instead of rxe's %d: %v",
 					qp.qpn, qp.dev.conn.LocalAddr().Port(), want, err)
 			}

@@ -37,7 +37,7 @@ type toolCmd struct {
 	Iters       int64    `short:"n" help:"Iterations per QP. Default: 5000 (BW), 1000 (lat)."`
 	Duration    seconds  `short:"D" help:"Run for this many seconds (or a Go duration like 500ms) instead of -n."`
 	All         bool     `short:"a" help:"Run sizes 2 to 2^23 bytes."`
-	MTU         int      `short:"m" name:"mtu" default:"4096" help:"Path MTU: 256, 512, 1024, 2048 or 4096."`
+	MTU         int      `short:"m" name:"mtu" help:"Path MTU: 256, 512, 1024, 2048 or 4096, at most the port's active MTU (larger: the active MTU, with a notice). Default: the port's active MTU, the link's MTU less the RoCEv2 headers (1500: 1024; 9000: 4096). The two sides use the smaller of theirs."`
 	TxDepth     int      `short:"t" name:"tx-depth" help:"Outstanding send WRs per QP. Default: 128 (BW), 1 (lat)."`
 	RxDepth     int      `short:"r" name:"rx-depth" help:"Receives posted per QP (SEND tests). Default: 512."`
 	CQMod       int      `short:"Q" name:"cq-mod" help:"Request a completion every this many sends (BW). Default: 100."`

@@ -87,7 +87,7 @@ func TestFlagDefaultsAndAliases(t *testing.T) {
 	assert.Equal(t, 0, o.Params.Inline)
 	assert.Equal(t, "", o.Server) // the server
 	assert.Equal(t, 18515, o.Port)
-	assert.Equal(t, 4096, o.Params.MTU)
+	assert.Equal(t, 0, o.Params.MTU) // no -m: the port's active MTU, once the device is open
 
 	c, _, err = parse(t, "send-lat", "server.example")
 	require.NoError(t, err)

@@ -9,10 +9,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -39,7 +41,7 @@ func TestTwoHostsOverVeth(t *testing.T) {
 	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
 	require.NoError(t, err, "go build: %s", out)
 
-	h := newHosts(t)
+	h := newHosts(t, 9000)
 	file := filepath.Join(dir, "in.bin")
 	data := make([]byte, 64<<20)
 	r := rand.New(rand.NewPCG(7, 4791))
@@ -72,6 +74,59 @@ func TestTwoHostsOverVeth(t *testing.T) {
 	})
 }
 
+// TestToolsOverMTU1500Veth: on a link of 1500 bytes (a veth pair left at
+// its default) the port's active MTU is 1024, and the tools use it: without
+// -m, and with -m 4096, which perftest lowers to the active MTU with a
+// notice. The tools used to take 4096 whatever the link: the kernel refused
+// every data packet (EMSGSIZE), the requester retransmitted for ever and
+// the run hung, logging every refused send.
+//
+// It needs root (ip netns, veth); as another user it skips.
+func TestToolsOverMTU1500Veth(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to create network namespaces and a veth pair (CI runs it as root)")
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skip("needs iproute2's ip (apt-get install -y iproute2)")
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "softrdma")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, "go build: %s", out)
+
+	h := newHosts(t, 1500)
+	const notice = "Requested mtu is higher than active mtu\nChanging to active mtu - 3 (1024[B])\n"
+	for _, tc := range []struct {
+		name     string
+		server   []string
+		client   []string
+		noticeOn string // the side that asked for more than its port carries
+	}{
+		{"write-bw", []string{"write-bw", "--bind", h.ipA}, []string{"write-bw", h.ipA, "--bind", h.ipB, "-n", "50"}, ""},
+		{"write-bw-m4096", []string{"write-bw", "--bind", h.ipA},
+			[]string{"write-bw", h.ipA, "--bind", h.ipB, "-n", "50", "-m", "4096"}, "client"},
+		{"read-lat", []string{"read-lat", "--bind", h.ipA, "-m", "4096"},
+			[]string{"read-lat", h.ipA, "--bind", h.ipB, "-s", "8000", "-n", "100"}, "server"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sout, cout := h.runFor(t, time.Minute, bin, tc.server, tc.client)
+			for side, out := range map[string]string{"server": sout, "client": cout} {
+				assert.Contains(t, out, " Mtu             : 1024[B]\n", side)
+				assert.NotContains(t, out, "message too long", side)
+				if side == tc.noticeOn {
+					assert.Contains(t, out, notice, side)
+				} else {
+					assert.NotContains(t, out, "Requested mtu", side)
+				}
+			}
+			if tc.name != "read-lat" {
+				// The result row: 65536 bytes, 50 iterations.
+				assert.Regexp(t, `(?m)^ 65536 +50 `, cout)
+			}
+		})
+	}
+}
+
 func checkSum(t *testing.T, path string, want [32]byte) {
 	t.Helper()
 	b, err := os.ReadFile(path)
@@ -86,7 +141,8 @@ type hosts struct {
 	ipA, ipB string
 }
 
-func newHosts(t *testing.T) *hosts {
+// newHosts creates the namespaces and the veth pair, at linkMTU bytes.
+func newHosts(t *testing.T, linkMTU int) *hosts {
 	id := os.Getpid() % 200
 	h := &hosts{
 		nsA: fmt.Sprintf("srdma-a-%d", os.Getpid()),
@@ -106,21 +162,28 @@ func newHosts(t *testing.T) *hosts {
 	ip("netns", "add", h.nsA)
 	ip("netns", "add", h.nsB)
 	ip("link", "add", vA, "netns", h.nsA, "type", "veth", "peer", "name", vB, "netns", h.nsB)
-	// MTU 9000 so that 4096-byte RoCE payloads fit (rxe's rule: link MTU
-	// minus headers, rounded down to 256-4096).
+	// The port's active MTU follows (rxe's rule: link MTU minus headers,
+	// rounded down to 256-4096): 9000 carries 4096-byte RoCE payloads,
+	// 1500 1024-byte ones.
 	for _, c := range []struct{ ns, dev, addr string }{{h.nsA, vA, h.ipA}, {h.nsB, vB, h.ipB}} {
 		ip("-n", c.ns, "link", "set", "lo", "up")
-		ip("-n", c.ns, "link", "set", c.dev, "mtu", "9000", "up")
+		ip("-n", c.ns, "link", "set", c.dev, "mtu", strconv.Itoa(linkMTU), "up")
 		ip("-n", c.ns, "addr", "add", c.addr+"/24", "dev", c.dev)
 	}
 	return h
 }
 
 // run starts the server in namespace A, waits until it listens on the
-// exchange port, runs the client in namespace B, and requires both to exit 0.
-func (h *hosts) run(t *testing.T, bin string, server, client []string) {
+// exchange port, runs the client in namespace B, requires both to exit 0
+// within 5 minutes, and returns their outputs (stdout and stderr).
+func (h *hosts) run(t *testing.T, bin string, server, client []string) (srvOut, cliOut string) {
+	return h.runFor(t, 5*time.Minute, bin, server, client)
+}
+
+// runFor is run with a timeout.
+func (h *hosts) runFor(t *testing.T, timeout time.Duration, bin string, server, client []string) (srvOut, cliOut string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	var sout, cout bytes.Buffer
 	srv := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", h.nsA, bin}, server...)...)
@@ -150,4 +213,5 @@ func (h *hosts) run(t *testing.T, bin string, server, client []string) {
 	t.Logf("client %v:\n%s", client, cout.String())
 	require.NoError(t, cerr, "client")
 	require.NoError(t, serr, "server")
+	return sout.String(), cout.String()
 }

@@ -217,3 +217,27 @@ func TestRDMACMFlags(t *testing.T) {
 		assert.Contains(t, stderr, tc.want, tc.args)
 	}
 }
+
+// TestRDMACMMTU: with -R the sides agree on the smaller of their MTUs as
+// over TCP (check_mtu), the CM connects the data QPs with it, and the
+// banner shows the path MTU the CM gave the QPs.
+func TestRDMACMMTU(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		srv, cli []string
+		want     string
+	}{
+		{"softrdma", []string{"write-bw", "-m", "512"}, []string{"write-bw", "-n", "20", "-s", "8192"}, "512"},
+		{"perftest", []string{"write-bw", "--perftest", "-n", "20", "-s", "8192", "-m", "2048"},
+			[]string{"write-bw", "--perftest", "-n", "20", "-s", "8192", "-m", "1024"}, "1024"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := runCLIPairCM(t, tc.srv, tc.cli)
+			require.Equal(t, exitOK, r.srvCode, "server")
+			require.Equal(t, exitOK, r.cliCode, "client")
+			for _, out := range []string{r.srvOut, r.cliOut} {
+				assert.Contains(t, out, " Mtu             : "+tc.want+"[B]\n")
+			}
+		})
+	}
+}

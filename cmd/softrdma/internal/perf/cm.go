@@ -38,8 +38,10 @@ import (
 //     yet (perftest: ten times); the server accepts them in the order
 //     they come.
 //   - The QPs' attributes are the CM's (timeout 14, min_rnr_timer 12),
-//     the path MTU the smaller of the ports' capped by the MTU check_mtu
-//     agreed on (or -m).
+//     the path MTU the smaller of the ports' capped by the MTU the
+//     exchange agreed on (check_mtu, or softrdma's hello and reply: each
+//     side's setMTU, the smaller of the two); the banner shows the QPs'
+//     (cmUsedMTU).
 //   - At the end the server disconnects each data connection and waits for
 //     the DREP, then the channel; the client waits for the server's DREQs
 //     (rdma_cm_disconnect_nodes: only perftest's server calls

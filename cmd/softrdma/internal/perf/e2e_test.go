@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -349,5 +350,44 @@ func TestPeerGoneCancels(t *testing.T) {
 		assert.True(t, err != nil && !errors.Is(err, context.Canceled), "%v", err)
 	case <-time.After(30 * time.Second):
 		t.Fatal("server did not notice its client left")
+	}
+}
+
+// TestMTUAgreement: each side offers its own -m capped by its port's
+// active MTU (loopback's: 4096) and both use the smaller (perftest's
+// set_mtu and check_mtu), with softrdma's exchange and with perftest's;
+// the banner shows the MTU the QPs use.
+func TestMTUAgreement(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		srv, cli int // -m; 0: none
+		want     int
+	}{
+		{"none", 0, 0, 4096},
+		{"client smaller", 0, 512, 512},
+		{"server smaller", 1024, 0, 1024},
+		{"both", 2048, 256, 256},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := Options{Params: Params{MTU: tc.srv}}
+			cli := Options{Params: Params{MTU: tc.cli, Iters: 20, Size: 8192}}
+			r := runPair(t, WriteBW, srv, cli)
+			requireOK(t, r)
+			line := fmt.Sprintf(" Mtu             : %d[B]\n", tc.want)
+			assert.Contains(t, r.srvOut, line, "server")
+			assert.Contains(t, r.cliOut, line, "client")
+			assert.Equal(t, tc.want, r.srv.Report.MTU)
+			assert.Equal(t, tc.want, r.cli.Report.MTU)
+		})
+		t.Run(tc.name+"/perftest", func(t *testing.T) {
+			p := Params{Iters: 20, Size: 8192}
+			srv, cli := Options{Params: p}, Options{Params: p, Perftest: true}
+			srv.Params.MTU, cli.Params.MTU = tc.srv, tc.cli
+			r := runPairPerftest(t, WriteBW, srv, cli)
+			requireOK(t, r)
+			line := fmt.Sprintf(" Mtu             : %d[B]\n", tc.want)
+			assert.Contains(t, r.srvOut, line, "server")
+			assert.Contains(t, r.cliOut, line, "client")
+		})
 	}
 }

@@ -152,7 +152,7 @@ type Params struct {
 	Iters    int64         `json:"iters"`    // per QP; ignored with Duration
 	Duration time.Duration `json:"duration"` // run for this long instead of Iters
 	All      bool          `json:"all"`      // sizes 2 to 2^23
-	MTU      int           `json:"mtu"`      // path MTU, bytes
+	MTU      int           `json:"mtu"`      // path MTU, bytes; 0 (no -m): the port's active MTU (setMTU)
 	TxDepth  int           `json:"tx_depth"`
 	RxDepth  int           `json:"rx_depth"` // SEND tests: receives posted
 	CQMod    int           `json:"cq_mod"`   // BW: a completion every CQMod sends
@@ -277,9 +277,6 @@ func (p *Params) Defaults(t Test) {
 			p.Iters = DefItersWB
 		}
 	}
-	if p.MTU == 0 {
-		p.MTU = 4096
-	}
 	if p.QPTimeout == 0 {
 		p.QPTimeout = 14
 	}
@@ -343,7 +340,7 @@ func (p *Params) Validate(t Test) error {
 		return fmt.Errorf("iterations %d: must be %d to %d", p.Iters, MinIters, MaxIters)
 	case p.Duration < 0:
 		return fmt.Errorf("duration %v: must be positive", p.Duration)
-	case softrdma.MTU(0) == mtuCode(p.MTU):
+	case p.MTU != 0 && mtuCode(p.MTU) == 0:
 		return fmt.Errorf("MTU %d: must be 256, 512, 1024, 2048 or 4096", p.MTU)
 	case p.TxDepth < 1 || p.TxDepth > MaxTx:
 		return fmt.Errorf("tx-depth %d: must be 1 to %d", p.TxDepth, MaxTx)
@@ -367,6 +364,35 @@ func (p *Params) Validate(t Test) error {
 		return errors.New("--file and --all cannot be combined (the file decides the message count)")
 	}
 	return nil
+}
+
+// setMTU is perftest's set_mtu (src/perftest_parameters.c): the path MTU
+// this side can use, in bytes. Without -m (requested 0) it is the port's
+// active MTU, which the device derives from its link as rxe does (1500 →
+// 1024); a requested MTU larger than the active one becomes the active
+// one, and notice gets perftest's two lines saying so (perftest prints
+// them on stdout, and the active MTU as its ibv_mtu enum). The two sides
+// then agree on the smaller of theirs (agreeMTU).
+func setMTU(requested int, active softrdma.MTU, notice func(string)) int {
+	if requested == 0 {
+		return active.Bytes()
+	}
+	if mtuCode(requested) > active {
+		notice(fmt.Sprintf("Requested mtu is higher than active mtu\nChanging to active mtu - %d (%d[B])\n",
+			active, active.Bytes()))
+		return active.Bytes()
+	}
+	return requested
+}
+
+// agreeMTU is check_mtu's rule (src/perftest_communication.c): each side
+// offers its setMTU and both use the smaller, the peer's only if it is a
+// valid MTU (an older softrdma server sends none).
+func agreeMTU(mine, peer int) int {
+	if mtuCode(peer) != 0 && peer < mine {
+		return peer
+	}
+	return mine
 }
 
 func mtuCode(bytes int) softrdma.MTU {

@@ -7,6 +7,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/softrdma/softrdma"
 )
 
 func TestParseTestRoundTrips(t *testing.T) {
@@ -49,7 +51,7 @@ func TestDefaultsArePerftests(t *testing.T) {
 		assert.Equal(t, tc.tx, p.TxDepth, tc.test)
 		assert.Equal(t, tc.cqMod, p.CQMod, tc.test)
 		assert.Equal(t, tc.inline, p.Inline, tc.test)
-		assert.Equal(t, 4096, p.MTU)
+		assert.Equal(t, 0, p.MTU) // the port's active MTU (setMTU)
 		assert.Equal(t, 512, p.RxDepth)
 		assert.Equal(t, 1, p.QPs)
 		assert.Equal(t, FetchAndAdd, p.Atomic)
@@ -188,4 +190,50 @@ func TestPeakWindow(t *testing.T) {
 	assert.Equal(t, int64(625), peakWindow(100, 10000, 0))
 	assert.Equal(t, int64(100), peakWindow(100, 10000, time.Second))
 	assert.Equal(t, int64(100), peakWindow(100, -1, 0))
+}
+
+// TestSetMTU: perftest's set_mtu. Without -m the port's active MTU (a
+// link of 1500 bytes gives 1024); -m above the active MTU becomes the
+// active MTU with perftest's notice; -m the port carries is kept, quietly.
+func TestSetMTU(t *testing.T) {
+	for _, tc := range []struct {
+		requested int
+		active    softrdma.MTU
+		want      int
+		notice    string
+	}{
+		// No -m: the port's.
+		{0, softrdma.MTU1024, 1024, ""},
+		{0, softrdma.MTU4096, 4096, ""},
+		{0, softrdma.MTU256, 256, ""},
+		// -m larger than the port carries: the port's, and the notice.
+		{4096, softrdma.MTU1024, 1024, "Requested mtu is higher than active mtu\nChanging to active mtu - 3 (1024[B])\n"},
+		{2048, softrdma.MTU1024, 1024, "Requested mtu is higher than active mtu\nChanging to active mtu - 3 (1024[B])\n"},
+		{4096, softrdma.MTU2048, 2048, "Requested mtu is higher than active mtu\nChanging to active mtu - 4 (2048[B])\n"},
+		// -m the port carries.
+		{512, softrdma.MTU1024, 512, ""},
+		{1024, softrdma.MTU1024, 1024, ""},
+		{4096, softrdma.MTU4096, 4096, ""},
+		{256, softrdma.MTU4096, 256, ""},
+	} {
+		var notice string
+		got := setMTU(tc.requested, tc.active, func(s string) { notice += s })
+		assert.Equal(t, tc.want, got, "setMTU(%d, %v)", tc.requested, tc.active)
+		assert.Equal(t, tc.notice, notice, "setMTU(%d, %v)'s notice", tc.requested, tc.active)
+	}
+}
+
+// TestAgreeMTU: check_mtu's rule, the smaller of the two sides' MTUs; a
+// peer's value that is no MTU (0 from an older softrdma server) is ignored.
+func TestAgreeMTU(t *testing.T) {
+	for _, tc := range []struct{ mine, peer, want int }{
+		{1024, 4096, 1024},
+		{4096, 1024, 1024},
+		{512, 512, 512},
+		{4096, 0, 4096},
+		{1024, 1500, 1024},
+		{2048, 1500, 2048},
+	} {
+		assert.Equal(t, tc.want, agreeMTU(tc.mine, tc.peer), "agreeMTU(%d, %d)", tc.mine, tc.peer)
+	}
 }

@@ -156,7 +156,11 @@ func (s *session) ptRun(ctx context.Context) error {
 	if s.pm.cycle < pageSize || s.pm.cycle > 1<<30 || s.pm.cacheLine < 8 || s.pm.cacheLine > s.pm.cycle {
 		return fmt.Errorf("perftest peer: cycle buffer %d and cache line %d are not usable", s.pm.cycle, s.pm.cacheLine)
 	}
-	mtu, err := pt.MTU(int(mtuCode(s.p.MTU)))
+	mine, err := s.localMTU()
+	if err != nil {
+		return err
+	}
+	mtu, err := pt.MTU(int(mtuCode(mine)))
 	if err != nil {
 		return err
 	}
@@ -396,6 +400,7 @@ func (s *session) ptConnectQPs() error {
 			s.remote[i] = exchange.QPInfo{RKey: r.RKey, VAddr: r.VAddr, Size: uint64(max(s.maxSize(), int64(s.pm.cycle)))}
 		}
 		s.cmRemoteFromQPs()
+		s.cmUsedMTU()
 		return nil
 	}
 	for i, qp := range s.qps {

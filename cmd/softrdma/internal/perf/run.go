@@ -28,6 +28,10 @@ type Result struct {
 type reply struct {
 	// FileSize is the size of the server's --file (read-bw), -1 if none.
 	FileSize int64 `json:"file_size"`
+	// MTU is the path MTU both sides use (check_mtu): the smaller of the
+	// client's in the hello and the server's own. 0 from a server that
+	// predates it: the client keeps its own, which that server adopted.
+	MTU int `json:"mtu,omitempty"`
 }
 
 // roundResult is what each side reports after running one size.
@@ -230,6 +234,10 @@ func (s *session) clientHello(ctx context.Context) error {
 	if err := s.p.Validate(s.test); err != nil {
 		return err
 	}
+	var err error
+	if s.p.MTU, err = s.localMTU(); err != nil {
+		return err
+	}
 	if err := s.ctrl.SendJSON(exchange.MsgHello, &s.p); err != nil {
 		return err
 	}
@@ -237,6 +245,7 @@ func (s *session) clientHello(ctx context.Context) error {
 	if err := s.ctrl.RecvJSON(ctx, exchange.MsgReply, &r); err != nil {
 		return err
 	}
+	s.p.MTU = agreeMTU(s.p.MTU, r.MTU)
 	if r.FileSize >= 0 {
 		s.fileSize = r.FileSize
 	}
@@ -384,7 +393,14 @@ func (s *session) serverHello(ctx context.Context) error {
 		return err
 	}
 	s.noteOverrides()
-	r := reply{FileSize: -1}
+	// The MTU is not the client's alone: each side offers what its port
+	// carries and both use the smaller (perftest's check_mtu).
+	mine, err := s.localMTU()
+	if err != nil {
+		return err
+	}
+	s.p.MTU = agreeMTU(mine, s.p.MTU)
+	r := reply{FileSize: -1, MTU: s.p.MTU}
 	if s.file != nil {
 		if s.p.QPs != 1 {
 			return fmt.Errorf("%s --file streams over one QP; the client asked for %d", s.test, s.p.QPs)
@@ -688,7 +704,6 @@ func (s *session) noteOverrides() {
 	add("-a", mine.All, theirs.All, mine.All)
 	add("-q", mine.QPs, theirs.QPs, mine.QPs != 0)
 	add("-t", mine.TxDepth, theirs.TxDepth, mine.TxDepth != 0)
-	add("-m", mine.MTU, theirs.MTU, mine.MTU != 0 && mine.MTU != 4096)
 	add("--verify", mine.Verify, theirs.Verify, mine.Verify)
 	if len(diffs) > 0 {
 		s.logf("softrdma: the test parameters are the client's: %s", strings.Join(diffs, ", "))

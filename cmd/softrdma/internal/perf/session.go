@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"os"
+	"strings"
 
 	"github.com/softrdma/softrdma"
 	"github.com/softrdma/softrdma/cmd/softrdma/internal/cmchan"
@@ -186,6 +187,38 @@ func (s *session) openDevice() error {
 	return nil
 }
 
+// localMTU opens the device unless it is open and returns the path MTU
+// this side offers the peer: setMTU of its own -m and its port's active
+// MTU (perftest's check_mtu calls set_mtu once connected, before the QPs
+// are created). The notice goes where perftest prints it, on stdout, or
+// to the log with --json, whose stdout is the JSON.
+func (s *session) localMTU() (int, error) {
+	if s.dev == nil {
+		if err := s.openDevice(); err != nil {
+			return 0, err
+		}
+	}
+	return setMTU(s.o.Params.MTU, s.dev.Attr().ActiveMTU, func(msg string) {
+		if s.o.JSON {
+			s.logf("softrdma: %s", strings.ReplaceAll(strings.TrimSuffix(msg, "\n"), "\n", "; "))
+			return
+		}
+		fmt.Fprint(s.o.Stdout, msg)
+	}), nil
+}
+
+// cmUsedMTU takes the path MTU the CM gave the round's QPs (-R: the
+// smallest of the REQ's, the server's port's and what each side offered)
+// as the MTU the banner and report show.
+func (s *session) cmUsedMTU() {
+	if len(s.qps) == 0 {
+		return
+	}
+	if mtu := s.qps[0].Attr().PathMTU.Bytes(); mtu != 0 {
+		s.p.MTU, s.json.MTU = mtu, mtu
+	}
+}
+
 // setup opens the device (unless -R opened it already) and registers the
 // buffer.
 func (s *session) setup() error {
@@ -347,6 +380,7 @@ func (s *session) connect(ctx context.Context) error {
 			return err
 		}
 		s.cmRemoteFromQPs()
+		s.cmUsedMTU()
 		return s.ctrl.Sync(ctx)
 	}
 	mtu := mtuCode(s.p.MTU)
