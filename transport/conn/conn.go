@@ -221,7 +221,7 @@ type SendError struct {
 }
 
 func (e *SendError) Error() string {
-	return fmt.Sprintf("conn: %d datagrams not sent: %v", e.Failed, e.Err)
+	return fmt.Sprintf("conn: datagrams not sent: %d: %v", e.Failed, e.Err)
 }
 
 // Unwrap returns the first refusal.
