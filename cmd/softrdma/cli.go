@@ -33,19 +33,19 @@ type cli struct {
 type toolCmd struct {
 	Server string `arg:"" optional:"" help:"The server's host name or IP. Without it, run as the server and wait for one client."`
 
-	Size        byteSize `short:"s" help:"Message size in bytes (K, M suffixes: KiB, MiB). Default: 65536 (BW), 2 (lat), 8 (atomic)."`
-	Iters       int64    `short:"n" help:"Iterations per QP. Default: 5000 (BW), 1000 (lat)."`
+	Size        msgSize  `short:"s" help:"Message size in bytes (K, M suffixes: KiB, MiB). Default: 65536 (BW), 2 (lat), 8 (atomic)."`
+	Iters       count    `short:"n" help:"Iterations per QP. Default: 5000 (BW), 1000 (lat)."`
 	Duration    seconds  `short:"D" help:"Run for this many seconds (or a Go duration like 500ms) instead of -n."`
 	All         bool     `short:"a" help:"Run sizes 2 to 2^23 bytes."`
 	MTU         int      `short:"m" name:"mtu" help:"Path MTU: 256, 512, 1024, 2048 or 4096, at most the port's active MTU (larger: the active MTU, with a notice). Default: the port's active MTU, the link's MTU less the RoCEv2 headers (1500: 1024; 9000: 4096). The two sides use the smaller of theirs."`
-	TxDepth     int      `short:"t" name:"tx-depth" help:"Outstanding send WRs per QP. Default: 128 (BW), 1 (lat)."`
-	RxDepth     int      `short:"r" name:"rx-depth" help:"Receives posted per QP (SEND tests). Default: 512."`
-	CQMod       int      `short:"Q" name:"cq-mod" help:"Request a completion every this many sends (BW). Default: 100."`
-	QPs         int      `short:"q" name:"qp" help:"Number of QPs. Default: 1."`
+	TxDepth     count    `short:"t" name:"tx-depth" help:"Outstanding send WRs per QP. Default: 128 (BW), 1 (lat)."`
+	RxDepth     count    `short:"r" name:"rx-depth" help:"Receives posted per QP (SEND tests). Default: 512."`
+	CQMod       count    `short:"Q" name:"cq-mod" help:"Request a completion every this many sends (BW). Default: 100."`
+	QPs         count    `short:"q" name:"qp" help:"Number of QPs. Default: 1."`
 	Port        int      `short:"p" name:"port" default:"18515" help:"TCP port of the exchange with the peer (with -R: the rdma_cm port)."`
 	RDMACM      bool     `short:"R" name:"rdma_cm" aliases:"rdma-cm" help:"Connect with the RDMA CM, as perftest's -R: the exchange over an RC connection to the server's rdma_cm port -p, the QPs connected by the CM."`
 	RoCEPort    int      `name:"roce-port" placeholder:"PORT" help:"Client with -R: the UDP port of the server's RoCEv2 device, where the CM sends its MADs (default 4791)."`
-	QPTimeout   int      `short:"u" name:"qp-timeout" default:"14" help:"QP timeout exponent (1-31): retransmit after 4.096 µs × 2^N without an ACK (perftest -u)."`
+	QPTimeout   count    `short:"u" name:"qp-timeout" default:"14" help:"QP timeout exponent (1-31): retransmit after 4.096 µs × 2^N without an ACK (perftest -u)."`
 	Inline      int      `short:"I" name:"inline_size" aliases:"inline-size" default:"-1" help:"Max inline data in bytes. Default: 220 (write-lat), 236 (send-lat), else 0."`
 	Atomic      string   `short:"A" name:"atomic_type" aliases:"atomic-type" enum:"FETCH_AND_ADD,CMP_AND_SWAP" default:"FETCH_AND_ADD" help:"atomic-bw: FETCH_AND_ADD or CMP_AND_SWAP."`
 	ReportGbits bool     `name:"report_gbits" aliases:"report-gbits" help:"Report BW in Gb/sec instead of MB/sec."`
@@ -73,7 +73,7 @@ type toolCmd struct {
 // demoCmd holds the flags of `softrdma demo`.
 type demoCmd struct {
 	File   string   `type:"existingfile" placeholder:"PATH" help:"File to move (default: this program's binary)."`
-	Size   byteSize `short:"s" default:"65536" help:"Message size in bytes (K, M suffixes)."`
+	Size   msgSize  `short:"s" default:"65536" help:"Message size in bytes (K, M suffixes)."`
 	Impair string   `placeholder:"SPEC" help:"Impair both NICs' traffic, e.g. loss=0.01,reorder=0.01,seed=7."`
 	Pcap   string   `placeholder:"FILE" help:"Record both NICs' datagrams in a pcap file."`
 }
@@ -110,9 +110,9 @@ func (c *toolCmd) options(test perf.Test) (*perf.Options, error) {
 		return nil, fmt.Errorf("-p %d: not an rdma_cm port", c.Port)
 	}
 	p := perf.Params{
-		Size: int64(c.Size), Iters: c.Iters, Duration: time.Duration(c.Duration), All: c.All, MTU: c.MTU,
-		TxDepth: c.TxDepth, RxDepth: c.RxDepth, CQMod: c.CQMod, QPs: c.QPs, Inline: c.Inline,
-		Atomic: c.Atomic, Verify: c.Verify, Seed: c.Seed, QPTimeout: c.QPTimeout,
+		Size: int64(c.Size), Iters: int64(c.Iters), Duration: time.Duration(c.Duration), All: c.All, MTU: c.MTU,
+		TxDepth: int(c.TxDepth), RxDepth: int(c.RxDepth), CQMod: int(c.CQMod), QPs: int(c.QPs), Inline: c.Inline,
+		Atomic: c.Atomic, Verify: c.Verify, Seed: c.Seed, QPTimeout: int(c.QPTimeout),
 	}
 	if c.Server != "" && !c.Perftest { // --perftest: checked after connecting, by perftest's rules
 		// Check the client's parameters before connecting.
@@ -184,19 +184,55 @@ func (b *byteSize) UnmarshalText(text []byte) error {
 	return nil
 }
 
+// msgSize is a message size (-s): a byteSize of at least 1 byte. Unset
+// (0) stands for the tool's default; an explicit 0 is refused.
+type msgSize byteSize
+
+func (m *msgSize) UnmarshalText(text []byte) error {
+	var b byteSize
+	if err := b.UnmarshalText(text); err != nil {
+		return err
+	}
+	if b == 0 {
+		return fmt.Errorf("%q: the size must be at least 1 byte", text)
+	}
+	*m = msgSize(b)
+	return nil
+}
+
+// count is a flag that counts something (-n, -t, -r, -Q, -q, -u): at
+// least 1. Unset (0) stands for the tool's default; an explicit 0 or a
+// negative number is refused, so that 0 never silently means the default.
+type count int64
+
+func (c *count) UnmarshalText(text []byte) error {
+	n, err := strconv.ParseInt(strings.TrimSpace(string(text)), 0, 64)
+	if err != nil || n < 1 {
+		return fmt.Errorf("%q: must be a whole number, at least 1", text)
+	}
+	*c = count(n)
+	return nil
+}
+
 // seconds is a duration given as whole seconds (perftest's -D) or as a Go
-// duration.
+// duration, longer than 0.
 type seconds time.Duration
 
 func (d *seconds) UnmarshalText(text []byte) error {
 	s := string(text)
 	if n, err := strconv.ParseUint(s, 10, 32); err == nil {
+		if n == 0 {
+			return fmt.Errorf("%q: the duration must be longer than 0", s)
+		}
 		*d = seconds(time.Duration(n) * time.Second)
 		return nil
 	}
 	v, err := time.ParseDuration(s)
 	if err != nil || v < 0 {
 		return fmt.Errorf("%q is not a number of seconds or a duration", s)
+	}
+	if v == 0 {
+		return fmt.Errorf("%q: the duration must be longer than 0", s)
 	}
 	*d = seconds(v)
 	return nil

@@ -122,6 +122,17 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"write-bw", "--out", "o", "127.0.0.1"}, "write-bw: --out goes on the server"},
 		{[]string{"read-lat", "--file", "main.go", "127.0.0.1"}, "--file and --out are for the BW tools"},
 		{[]string{"demo", "--impair", "loss=5"}, "not a probability"},
+		{[]string{"demo", "-s", "0"}, "at least 1 byte"},
+		{[]string{"write-bw", "-s", "0", "h"}, "at least 1 byte"},
+		{[]string{"write-bw", "-n", "0", "h"}, "at least 1"},
+		{[]string{"write-bw", "-t", "0", "h"}, "at least 1"},
+		{[]string{"send-bw", "-r", "0", "h"}, "at least 1"},
+		{[]string{"write-bw", "-Q", "0", "h"}, "at least 1"},
+		{[]string{"write-bw", "-q", "0", "h"}, "at least 1"},
+		{[]string{"write-bw", "-u", "0", "h"}, "at least 1"},
+		{[]string{"write-bw", "-D", "0", "h"}, "longer than 0"},
+		{[]string{"write-bw", "-D", "0s", "h"}, "longer than 0"},
+		{[]string{"rping", "-c", "-a", "127.0.0.1", "-p", "0"}, "-p 0: not a port"},
 	} {
 		code, _, stderr := runCLI(t, tc.args...)
 		assert.Equal(t, exitUsage, code, tc.args)

@@ -40,6 +40,10 @@ func (c *rpingCmd) run(ctx context.Context, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "softrdma: rping: -P (persistent server) is not supported; run once per client")
 		return exitUsage
 	}
+	if c.Port == 0 { // rping.Options takes 0 for the default
+		fmt.Fprintln(stderr, "softrdma: rping: -p 0: not a port (1 to 65535; default 7174)")
+		return exitUsage
+	}
 	err := rping.Run(ctx, rping.Options{Server: c.Server, Client: c.Client, Addr: c.Addr, Source: c.Source,
 		Port: c.Port, Count: c.Count, Size: c.Size, Verbose: c.Verbose, Validate: c.Validate, Debug: c.Debug,
 		Bind: c.Bind, RoCEPort: c.RoCEPort, Pcap: c.Pcap, Stat: c.Stat, Timeout: c.Timeout, ConnectTimeout: c.ConnectTimeout,
