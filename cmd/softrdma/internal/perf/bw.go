@@ -11,7 +11,15 @@ import (
 	"github.com/softrdma/softrdma/cmd/softrdma/internal/report"
 )
 
-// bwClient runs the client side of write-bw, read-bw, send-bw and
+// bwClient is bwClientRun bounded by -D (session.bounded).
+func (s *session) bwClient(ctx context.Context, size int64) (report.BW, []int64, error) {
+	bctx, cancel := s.bounded(ctx)
+	defer cancel()
+	r0, r1, err := s.bwClientRun(bctx, size)
+	return r0, r1, s.boundErr(ctx, err)
+}
+
+// bwClientRun runs the client side of write-bw, read-bw, send-bw and
 // atomic-bw without a stream (perftest's run_iter_bw): every QP keeps up to
 // tx-depth WRs outstanding, one in cq-mod of them signaled (the last one
 // always), and a signaled completion retires every WR posted before it on
@@ -22,7 +30,7 @@ import (
 // check the value returned (each QP has its own counter, so its n-th
 // FETCH_AND_ADD of 1 returns n and its n-th CMP_AND_SWAP(n, n+1) returns
 // n).
-func (s *session) bwClient(ctx context.Context, size int64) (report.BW, []int64, error) {
+func (s *session) bwClientRun(ctx context.Context, size int64) (report.BW, []int64, error) {
 	p := &s.p
 	nqp := len(s.qps)
 	verb := s.test.verb()

@@ -187,6 +187,27 @@ func TestDuration(t *testing.T) {
 	}
 }
 
+// TestDurationBoundsADeadPath: with -D, a client whose packets are all
+// lost (--impair loss=1: the peer never answers) fails once the duration
+// and the drain limit have passed, naming -D, instead of retrying for
+// ever (retry_cnt 7 is infinite, as on rxe); the server ends too.
+func TestDurationBoundsADeadPath(t *testing.T) {
+	old := drainMin
+	drainMin = 300 * time.Millisecond
+	t.Cleanup(func() { drainMin = old })
+	for _, test := range []Test{WriteBW, WriteLat, ReadLat} {
+		t.Run(test.String(), func(t *testing.T) {
+			start := time.Now()
+			r := runPair(t, test, Options{}, Options{Params: Params{Size: 4096, Duration: 200 * time.Millisecond}, Impair: "loss=1"})
+			require.Error(t, r.cliErr)
+			assert.ErrorIs(t, r.cliErr, context.DeadlineExceeded)
+			assert.ErrorContains(t, r.cliErr, "-D 200ms: the work requests still outstanding did not complete within 300ms")
+			assert.Error(t, r.srvErr, "the server cannot report a run that did not end")
+			assert.Less(t, time.Since(start), 30*time.Second)
+		})
+	}
+}
+
 func writeTestFile(t *testing.T, n int) (path, sum string) {
 	t.Helper()
 	b := make([]byte, n)

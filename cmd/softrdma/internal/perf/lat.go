@@ -19,7 +19,15 @@ func (s *session) maxSize() int64 {
 	return m
 }
 
-// pingPong runs write-lat or send-lat on either side (perftest's
+// pingPong is pingPongRun bounded by -D (session.bounded).
+func (s *session) pingPong(ctx context.Context, size int64, target func() (int64, bool), known <-chan struct{}) (report.Lat, int64, error) {
+	bctx, cancel := s.bounded(ctx)
+	defer cancel()
+	r0, r1, err := s.pingPongRun(bctx, size, target, known)
+	return r0, r1, s.boundErr(ctx, err)
+}
+
+// pingPongRun runs write-lat or send-lat on either side (perftest's
 // run_iter_lat_write and run_iter_lat_send). Each side's region holds a
 // receive slot, which the peer writes (or its receives point at), and a
 // send slot. The client sends message i, then waits for the server's
@@ -34,7 +42,7 @@ func (s *session) maxSize() int64 {
 //
 // The server of a duration run learns from target when the client
 // stopped. It returns the latencies and the iterations run.
-func (s *session) pingPong(ctx context.Context, size int64, target func() (int64, bool), known <-chan struct{}) (report.Lat, int64, error) {
+func (s *session) pingPongRun(ctx context.Context, size int64, target func() (int64, bool), known <-chan struct{}) (report.Lat, int64, error) {
 	// wctx ends when a duration run's client stopped, to wake a wait.
 	wctx, cancel := untilClosed(ctx, known)
 	defer cancel()
@@ -251,10 +259,18 @@ func (s *session) latPostRecvs(size int64) error {
 	return nil
 }
 
-// readLat runs read-lat on the client (perftest's run_iter_lat for READ):
+// readLat is readLatRun bounded by -D (session.bounded).
+func (s *session) readLat(ctx context.Context, size int64) (report.Lat, int64, error) {
+	bctx, cancel := s.bounded(ctx)
+	defer cancel()
+	r0, r1, err := s.readLatRun(bctx, size)
+	return r0, r1, s.boundErr(ctx, err)
+}
+
+// readLatRun runs read-lat on the client (perftest's run_iter_lat for READ):
 // one READ at a time, timing each round trip (rtt_factor 1). With
 // --verify each READ is checked against the pattern the server wrote.
-func (s *session) readLat(ctx context.Context, size int64) (report.Lat, int64, error) {
+func (s *session) readLatRun(ctx context.Context, size int64) (report.Lat, int64, error) {
 	qp, rem := s.qps[0], &s.remote[0]
 	pl := newPoller(s.cq)
 	chk := checker{seed: s.p.Seed}

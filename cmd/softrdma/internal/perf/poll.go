@@ -2,6 +2,8 @@ package perf
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"runtime"
 	"time"
 
@@ -126,4 +128,34 @@ func peakWindow(least, count int64, duration time.Duration) int64 {
 		return least
 	}
 	return max(least, count/16)
+}
+
+// drainLimit is how long a -D run waits, after its duration, for the work
+// requests still outstanding: at least drainMin, and at least the
+// duration. The QPs retry for ever (retry_cnt 7 as on rxe), so without a
+// bound a peer that died or a path that lost everything would keep the
+// run going.
+func drainLimit(d time.Duration) time.Duration { return max(drainMin, d) }
+
+// drainMin is the least drainLimit (a variable for the tests).
+var drainMin = 10 * time.Second
+
+// bounded returns ctx limited to the -D duration plus drainLimit, or ctx
+// itself without -D (an -n run waits as long as perftest does).
+func (s *session) bounded(ctx context.Context) (context.Context, context.CancelFunc) {
+	if s.p.Duration <= 0 {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, s.p.Duration+drainLimit(s.p.Duration))
+}
+
+// boundErr explains the expiry of a bounded context (not of its parent's
+// own deadline; the parent may have been cancelled since, when the peer
+// gave up at the same time); any other error is returned as it is.
+func (s *session) boundErr(parent context.Context, err error) error {
+	if s.p.Duration > 0 && errors.Is(err, context.DeadlineExceeded) && !errors.Is(parent.Err(), context.DeadlineExceeded) {
+		return fmt.Errorf("-D %v: the work requests still outstanding did not complete within %v after it ended "+
+			"(is the peer alive? the QPs retry for ever, retry_cnt 7 as on rxe): %w", s.p.Duration, drainLimit(s.p.Duration), err)
+	}
+	return err
 }

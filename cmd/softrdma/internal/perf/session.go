@@ -25,12 +25,12 @@ type session struct {
 	// lastPeer is the peer's address in the last round destroyed
 	// (destroyRound), for --stat.
 	lastPeer string
-	o      *Options
-	p      Params
-	test   Test
-	server bool
-	ctrl   *exchange.Conn
-	xch    exchange.QPExchanger
+	o        *Options
+	p        Params
+	test     Test
+	server   bool
+	ctrl     *exchange.Conn
+	xch      exchange.QPExchanger
 	// pt is perftest's exchange when the peer is a stock perftest tool
 	// (or --perftest); ctrl and xch are nil then. See perftest.go.
 	pt *exchange.Perftest

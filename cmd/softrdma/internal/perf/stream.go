@@ -50,10 +50,18 @@ var errProtocol = errors.New("stream protocol error")
 // the sink looks at it.
 var testCorrupt func(k int64, data []byte)
 
-// push is the source side of a WRITE or SEND stream: count messages, or
+// push is pushRun bounded by -D (session.bounded).
+func (s *session) push(ctx context.Context, size int64, src source, count int64, deadline time.Time) (report.BW, error) {
+	bctx, cancel := s.bounded(ctx)
+	defer cancel()
+	r0, err := s.pushRun(bctx, size, src, count, deadline)
+	return r0, s.boundErr(ctx, err)
+}
+
+// pushRun is the source side of a WRITE or SEND stream: count messages, or
 // with count < 0 as many as fit before deadline. It returns the messages
 // sent.
-func (s *session) push(ctx context.Context, size int64, src source, count int64, deadline time.Time) (report.BW, error) {
+func (s *session) pushRun(ctx context.Context, size int64, src source, count int64, deadline time.Time) (report.BW, error) {
 	qp, rem := s.qps[0], &s.remote[0]
 	n := int64(ringSlots(&s.p, size))
 	write := s.test.verb() == verbWrite
