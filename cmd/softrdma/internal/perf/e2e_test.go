@@ -208,6 +208,18 @@ func TestDurationBoundsADeadPath(t *testing.T) {
 	}
 }
 
+// TestServerMaxMem: a server takes -s and -q from its client, and refuses
+// buffers over its --max-mem (here 1 MiB; the client asks 4 QPs × 1 MiB)
+// with a message naming the flag, before it allocates anything.
+func TestServerMaxMem(t *testing.T) {
+	r := runPair(t, WriteBW, Options{MaxMem: 1 << 20}, Options{Params: Params{Size: 1 << 20, QPs: 4, Iters: 5}})
+	require.Error(t, r.srvErr)
+	assert.ErrorContains(t, r.srvErr, "buffers of 4194304 bytes (-q 4 × 1048576 bytes) are more than --max-mem 1048576 allows here")
+	assert.Error(t, r.cliErr, "the client's run cannot happen")
+	r = runPair(t, WriteBW, Options{MaxMem: 4 << 20}, Options{Params: Params{Size: 1 << 20, QPs: 4, Iters: 5}})
+	requireOK(t, r)
+}
+
 func writeTestFile(t *testing.T, n int) (path, sum string) {
 	t.Helper()
 	b := make([]byte, n)

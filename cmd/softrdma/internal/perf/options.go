@@ -132,7 +132,9 @@ const (
 	MaxIters       = 100_000_000
 	MaxTx          = 15000
 	MaxQPs         = 16384
-	MaxCQMod       = 1024
+	// DefaultMaxMem is Options.MaxMem's default: 4 GiB of buffers.
+	DefaultMaxMem = 4 << 30
+	MaxCQMod      = 1024
 )
 
 // DefServerPort is the server's RoCEv2 UDP port when --bind gives none.
@@ -233,6 +235,11 @@ type Options struct {
 	// a failure ("softrdma counters (local <-> peer):", then "  name =
 	// value" lines, as rc-pingpong --stat).
 	Stat bool
+	// MaxMem is the most bytes of buffers this side allocates and
+	// registers (-q QPs × the region of -s, whole pages; 0:
+	// DefaultMaxMem). A server takes -s and -q from its client, so this
+	// is what keeps a client from making it allocate what it cannot.
+	MaxMem int64
 	// JSON prints the results as JSON instead of text.
 	JSON bool
 	// ReportGbits prints BW in Gb/sec instead of MB/sec.

@@ -235,6 +235,14 @@ func (s *session) setup() error {
 	}
 	s.region = s.regionSize()
 	s.stride = roundUp(s.region, pageSize)
+	maxMem := s.o.MaxMem
+	if maxMem <= 0 {
+		maxMem = DefaultMaxMem
+	}
+	if total := int64(s.stride) * int64(s.p.QPs); total > maxMem {
+		return fmt.Errorf("buffers of %d bytes (-q %d × %d bytes) are more than --max-mem %d allows here",
+			total, s.p.QPs, s.stride, maxMem)
+	}
 	if s.o.ODP.Enabled() {
 		return s.setupODP(s.stride * s.p.QPs)
 	}
