@@ -220,6 +220,23 @@ func TestServerMaxMem(t *testing.T) {
 	requireOK(t, r)
 }
 
+// TestServerBadBindFailsAtOnce: a server whose --bind names an address
+// that is not this host's (TEST-NET-2), or a UDP port in use, fails before
+// it waits for a client instead of after one connected.
+func TestServerBadBindFailsAtOnce(t *testing.T) {
+	busy, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	defer busy.Close()
+	for _, bind := range []string{"198.51.100.7", busy.LocalAddr().String()} {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_, err := Run(ctx, &Options{Test: WriteBW, Bind: bind, Port: 1})
+		cancel()
+		require.Error(t, err, bind)
+		assert.ErrorContains(t, err, "--bind "+bind+": the device cannot bind there", bind)
+		assert.NotErrorIs(t, err, context.DeadlineExceeded, "it waited for a client")
+	}
+}
+
 func writeTestFile(t *testing.T, n int) (path, sum string) {
 	t.Helper()
 	b := make([]byte, n)

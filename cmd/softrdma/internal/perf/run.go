@@ -134,6 +134,26 @@ func Run(ctx context.Context, o *Options) (*Result, error) {
 	return &Result{Report: s.json}, err
 }
 
+// checkBindable tells a server with --bind IP[:PORT] at once, before it
+// waits for a client, that the device could not bind there: an IP that is
+// not this host's, or (with an explicit port) a UDP port in use. It binds
+// a UDP socket there and closes it; the device binds again once a client
+// came (and, without a port, falls back from 4791 to an ephemeral port).
+func checkBindable(bind string) error {
+	ap, hasPort, err := ParseBind(bind)
+	if err != nil || !ap.Addr().IsValid() {
+		return err
+	}
+	if !hasPort {
+		ap = netip.AddrPortFrom(ap.Addr(), 0)
+	}
+	c, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(ap))
+	if err != nil {
+		return fmt.Errorf("--bind %s: the device cannot bind there: %w", bind, err)
+	}
+	return c.Close()
+}
+
 // openFiles checks that --file and --out are on the right side and opens
 // the file to send. Its refusals are ErrUsage.
 func (s *session) openFiles() error {
@@ -327,6 +347,9 @@ func (s *session) tellPeer(err error) error {
 
 func (s *session) runServer(ctx context.Context) error {
 	o := s.o
+	if err := checkBindable(o.Bind); err != nil && o.Device == nil {
+		return err
+	}
 	ln := o.Listener
 	if ln == nil {
 		port := o.Port
