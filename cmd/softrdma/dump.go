@@ -95,6 +95,7 @@ func dump(w io.Writer, file string, all bool) error {
 	var (
 		first              time.Time
 		frames, roce, good int
+		malformed          int // RoCEv2 packets too short or broken to check
 		line               strings.Builder
 	)
 	for {
@@ -113,12 +114,15 @@ func dump(w io.Writer, file string, all bool) error {
 		p := gopacket.NewPacket(data, linkType(ci), gopacket.DecodeOptions{NoCopy: true})
 		line.Reset()
 		fmt.Fprintf(&line, "%d %.6f ", frames, ci.Timestamp.Sub(first).Seconds())
-		isRoCE, icrcOK := formatRoCE(&line, p, offPort(p))
+		isRoCE, icrcOK, broken := formatRoCE(&line, p, offPort(p))
 		switch {
 		case isRoCE:
 			roce++
 			if icrcOK {
 				good++
+			}
+			if broken {
+				malformed++
 			}
 		case !all:
 			continue
@@ -128,14 +132,22 @@ func dump(w io.Writer, file string, all bool) error {
 		line.WriteByte('\n')
 		out.WriteString(line.String())
 	}
-	fmt.Fprintf(out, "# %d frames, %d RoCEv2 packets, ICRC %d ok, %d bad\n", frames, roce, good, roce-good)
+	fmt.Fprintf(out, "# %d frames, %d RoCEv2 packets, ICRC %d ok, %d bad", frames, roce, good, roce-good-malformed)
+	if malformed > 0 {
+		fmt.Fprintf(out, ", %d malformed (not checked)", malformed)
+	}
+	out.WriteString("\n")
 	return out.Flush()
 }
 
 // formatOther writes a frame that is not RoCEv2: its layers and length.
 func formatOther(b *strings.Builder, p gopacket.Packet, n int) {
 	if nl := p.NetworkLayer(); nl != nil {
-		fmt.Fprintf(b, "%s ", nl.NetworkFlow())
+		// A network layer that did not decode (a truncated header) has
+		// no addresses: print none rather than "<nil>-><nil>".
+		if f := nl.NetworkFlow(); len(f.Src().Raw()) > 0 {
+			fmt.Fprintf(b, "%s ", f)
+		}
 	}
 	names := make([]string, 0, 4)
 	for _, l := range p.Layers() {
@@ -172,10 +184,11 @@ func offPort(p gopacket.Packet) gopacket.Packet {
 
 // formatRoCE writes the line of a RoCEv2 packet: addresses, BTH, each
 // extension header, MAD and CM fields, payload length and ICRC check. It
-// reports whether p is RoCEv2 (a BTH on UDP) and whether its ICRC is right.
+// reports whether p is RoCEv2 (a BTH on UDP, or a datagram to port 4791),
+// whether its ICRC is right, and whether it was too broken to check.
 // roce, if not nil, holds the RoCEv2 layers of p's UDP payload, decoded
 // apart because p is not on port 4791 (offPort).
-func formatRoCE(b *strings.Builder, p, roce gopacket.Packet) (isRoCE, icrcOK bool) {
+func formatRoCE(b *strings.Builder, p, roce gopacket.Packet) (isRoCE, icrcOK, malformed bool) {
 	if roce == nil {
 		roce = p
 	}
@@ -184,9 +197,9 @@ func formatRoCE(b *strings.Builder, p, roce gopacket.Packet) (isRoCE, icrcOK boo
 	if udp == nil || bth == nil {
 		if udp != nil && udp.DstPort == wire.RoCEv2Port && p.ErrorLayer() != nil {
 			fmt.Fprintf(b, "%s -> %s malformed RoCEv2: %v", endpoint(srcIP(p), udp.SrcPort), endpoint(dstIP(p), udp.DstPort), p.ErrorLayer().Error())
-			return true, false
+			return true, false, true
 		}
-		return false, false
+		return false, false, false
 	}
 	fmt.Fprintf(b, "%s -> %s %s qpn=0x%06x psn=0x%06x ackreq=%d", endpoint(srcIP(p), udp.SrcPort), endpoint(dstIP(p), udp.DstPort),
 		bth.Opcode, uint32(bth.DestQP), uint32(bth.PSN), b2i(bth.AckReq))
@@ -257,22 +270,22 @@ func formatRoCE(b *strings.Builder, p, roce gopacket.Packet) (isRoCE, icrcOK boo
 	}
 	if el := roce.ErrorLayer(); el != nil {
 		fmt.Fprintf(b, " malformed: %v", el.Error())
-		return true, false
+		return true, false, true
 	}
 	h, err := layers.IPHeader(p.NetworkLayer())
 	if err != nil {
 		fmt.Fprintf(b, " icrc=unchecked(%v)", err)
-		return true, false
+		return true, false, true
 	}
 	raw := udp.Payload
 	want := wire.ComputeICRC(&h, uint16(udp.SrcPort), uint16(udp.DstPort), raw[:len(raw)-wire.ICRCSize])
 	if want == bth.ICRC {
 		b.WriteString(" icrc=ok")
-		return true, true
+		return true, true, false
 	}
 	// As Wireshark shows them: the trailer's bytes read big-endian.
 	fmt.Fprintf(b, " icrc=BAD(have 0x%08x, want 0x%08x)", bits.ReverseBytes32(bth.ICRC), bits.ReverseBytes32(want))
-	return true, false
+	return true, false, false
 }
 
 // formatCM writes the fields of a CM message.

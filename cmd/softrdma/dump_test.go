@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"io"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -12,7 +13,10 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/gopacket/gopacket"
+	golayers "github.com/gopacket/gopacket/layers"
 	"github.com/gopacket/gopacket/pcapgo"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -283,4 +287,33 @@ func TestDumpOffPort(t *testing.T) {
 	assert.Regexp(t, `^1 0\.\d{6} 127\.0\.0\.2:49441 -> 127\.0\.0\.1:37316 RC_ACKNOWLEDGE qpn=0x000011 psn=0x001234 ackreq=0 AETH\[ACK\(0x1f\) msn=7\] icrc=ok$`, lines[1])
 	all, _ := dumpLines(t, "-a", path)
 	assert.Contains(t, all[2], "Ethernet/IPv4/UDP/Payload")
+}
+
+// TestDumpTruncatedFrames: a datagram to port 4791 too short for a BTH is
+// counted as a malformed RoCEv2 packet, not as a bad ICRC (its ICRC cannot
+// be checked), and a frame whose IPv4 header is cut short is printed
+// without "<nil>" addresses.
+func TestDumpTruncatedFrames(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "short.pcap")
+	f, err := os.Create(path)
+	require.NoError(t, err)
+	w := pcapgo.NewWriter(f)
+	require.NoError(t, w.WriteFileHeader(65535, golayers.LinkTypeEthernet))
+	eth := &golayers.Ethernet{SrcMAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}, DstMAC: net.HardwareAddr{2, 0, 0, 0, 0, 2}, EthernetType: golayers.EthernetTypeIPv4}
+	ip := &golayers.IPv4{Version: 4, TTL: 64, Protocol: golayers.IPProtocolUDP, SrcIP: net.IPv4(10, 0, 0, 1), DstIP: net.IPv4(10, 0, 0, 2), Flags: golayers.IPv4DontFragment}
+	udp := &golayers.UDP{SrcPort: 49152, DstPort: 4791}
+	require.NoError(t, udp.SetNetworkLayerForChecksum(ip))
+	buf := gopacket.NewSerializeBuffer()
+	require.NoError(t, gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true},
+		eth, ip, udp, gopacket.Payload{0x04, 0, 0xff}))
+	frame := buf.Bytes()
+	for _, b := range [][]byte{frame, frame[:14+10]} { // the datagram; the frame cut inside the IPv4 header
+		require.NoError(t, w.WritePacket(gopacket.CaptureInfo{Timestamp: time.Unix(1, 0), CaptureLength: len(b), Length: len(b)}, b))
+	}
+	require.NoError(t, f.Close())
+
+	all, summary := dumpLines(t, "-a", path)
+	assert.Equal(t, "# 2 frames, 1 RoCEv2 packets, ICRC 0 ok, 0 bad, 1 malformed (not checked)", summary)
+	assert.Contains(t, all[1], "10.0.0.1:49152 -> 10.0.0.2:4791 malformed RoCEv2")
+	assert.NotContains(t, all[2], "<nil>")
 }
