@@ -86,6 +86,11 @@ func TestOpenReasons(t *testing.T) {
 		})
 	}
 
+	// A key whose chunk does not exist is read from the table's free slot
+	// none, which nothing writes.
+	require.Zero(t, tab.none.ctl.Load()|tab.none.keyPD.Load()|tab.none.length.Load())
+	require.Nil(t, tab.none.entry.Load())
+
 	// An empty range names no memory: no key is looked at.
 	var sp Span[int]
 	require.Equal(t, OK, tab.Open(&sp, 99, 0, AccessRemoteWrite, math.MaxUint64, 0))
