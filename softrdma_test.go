@@ -323,8 +323,9 @@ func TestConnectWrongFamily(t *testing.T) {
 }
 
 // TestDestroyQPBadHandles: DestroyQP of nil, of a QP destroyed already and
-// of another device's QP, and Connect of nil, are ErrBadQP (EINVAL), not a
-// panic or a silent success.
+// of another device's QP, Connect of nil and posts to a destroyed QP are
+// ErrBadQP (EINVAL), posts after the device's Close ErrClosed: not a panic
+// or a silent success.
 func TestDestroyQPBadHandles(t *testing.T) {
 	p := softrdmatest.NewPair(t, softrdmatest.Options{NoPcap: true})
 	require.ErrorIs(t, p.A.Dev.DestroyQP(nil), softrdma.ErrBadQP)
@@ -335,4 +336,16 @@ func TestDestroyQPBadHandles(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, p.A.Dev.DestroyQP(qp))
 	require.ErrorIs(t, p.A.Dev.DestroyQP(qp), softrdma.ErrBadQP, "second destroy")
+	_, err = qp.PostSend(softrdma.SendWR{Opcode: softrdma.WRSend})
+	require.ErrorIs(t, err, softrdma.ErrBadQP, "post send after destroy")
+	_, err = qp.PostRecv(softrdma.RecvWR{})
+	require.ErrorIs(t, err, softrdma.ErrBadQP, "post recv after destroy")
+
+	// After the device's Close: ErrClosed, not a queued WR that only
+	// flushes.
+	require.NoError(t, p.B.Dev.Close())
+	_, err = p.B.QP.PostSend(softrdma.SendWR{Opcode: softrdma.WRSend})
+	require.ErrorIs(t, err, softrdma.ErrClosed)
+	_, err = p.B.QP.PostRecv(softrdma.RecvWR{})
+	require.ErrorIs(t, err, softrdma.ErrClosed)
 }

@@ -150,4 +150,7 @@ var (
 	// ErrBadQP: DestroyQP or Connect of a nil QP, DestroyQP of a QP
 	// destroyed already or of another device (EINVAL).
 	ErrBadQP = transport.ErrBadQP
+	// ErrClosed: a call on a device after its Close (a post, a
+	// registration, a CQ).
+	ErrClosed = transport.ErrClosed
 )

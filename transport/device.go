@@ -344,7 +344,7 @@ func (d *Device) createQP(pd uint32, init *QPInitAttr, qpn uint32) (*QP, error) 
 
 // DestroyQP removes the QP (ibv_destroy_qp); outstanding WRs are flushed.
 func (d *Device) DestroyQP(qp *QP) error {
-	if qp == nil || qp.dev != d || d.qpTable[qp.qpn].Load() != qp {
+	if qp == nil || qp.dev != d || d.qpTable[qp.qpn].Load() != qp || qp.destroyed.Swap(true) {
 		return fmt.Errorf("transport: destroy QP: %w", ErrBadQP)
 	}
 	qp.enterError()

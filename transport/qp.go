@@ -128,6 +128,8 @@ type QPInitAttr struct {
 // QP is a queue pair: reliable connected, unreliable connected (uc.go) or
 // unreliable datagram (ud.go).
 type QP struct {
+	// destroyed is set by DestroyQP: posts then fail with ErrBadQP.
+	destroyed atomic.Bool
 	// held counts this QP's packets in the device's hold queue (receive
 	// loop only); while it is not zero, every packet of the QP is held
 	// behind them (RC places in PSN order). pausedGen is the number of the
@@ -638,14 +640,31 @@ func wcOpcodeFor(op WROpcode) WCOpcode {
 	return WCSend
 }
 
+// postable refuses posts to a QP that was destroyed (ErrBadQP) or whose
+// device was closed (ErrClosed). A QP in ERR still takes posts, which
+// complete with WR_FLUSH_ERR (the IBTA Error state).
+func (qp *QP) postable() error {
+	switch {
+	case qp.destroyed.Load():
+		return fmt.Errorf("%w: post to QP %d after DestroyQP", ErrBadQP, qp.qpn)
+	case qp.dev.closed.Load():
+		return fmt.Errorf("%w: post to QP %d", ErrClosed, qp.qpn)
+	}
+	return nil
+}
+
 // PostSend queues send work requests (ibv_post_send). WRs are checked one by
 // one; the first that fails is not queued and its index is returned with
 // the error, and the WRs before it stay queued. Errors: ErrQPState (the
 // QP is RESET, INIT or RTR), ErrSQFull, ErrTooManySGE, ErrInlineTooBig,
 // ErrBadSGE (an lkey that does not cover its SGE), ErrBadOpcode,
-// ErrAtomicAlign, ErrAtomicLength. In ERR the WRs are queued and flushed
-// with WR_FLUSH_ERR, as libibverbs providers do.
+// ErrAtomicAlign, ErrAtomicLength, ErrBadQP (after DestroyQP), ErrClosed
+// (after the device's Close). In ERR the WRs are queued and flushed with
+// WR_FLUSH_ERR, as libibverbs providers do.
 func (qp *QP) PostSend(wrs ...SendWR) (int, error) {
+	if err := qp.postable(); err != nil {
+		return 0, err
+	}
 	qp.sq.Lock()
 	st := qp.State()
 	if st != QPStateRTS && st != QPStateSQD && st != QPStateErr && st != QPStateSQE {
@@ -737,9 +756,12 @@ func (qp *QP) postSendLocked(wr *SendWR) error {
 }
 
 // PostRecv queues receive work requests (ibv_post_recv). Errors as
-// PostSend: ErrQPState in RESET, ErrRQFull, ErrTooManySGE, ErrBadSGE. In
-// ERR the WRs are queued and flushed.
+// PostSend: ErrQPState in RESET, ErrRQFull, ErrTooManySGE, ErrBadSGE,
+// ErrBadQP, ErrClosed. In ERR the WRs are queued and flushed.
 func (qp *QP) PostRecv(wrs ...RecvWR) (int, error) {
+	if err := qp.postable(); err != nil {
+		return 0, err
+	}
 	qp.rq.Lock()
 	st := qp.State()
 	if st == QPStateReset {
