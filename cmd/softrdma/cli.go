@@ -6,6 +6,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/alecthomas/kong"
+
 	"github.com/softrdma/softrdma"
 	"github.com/softrdma/softrdma/cmd/softrdma/internal/perf"
 )
@@ -239,3 +241,26 @@ func (d *seconds) UnmarshalText(text []byte) error {
 	*d = seconds(v)
 	return nil
 }
+
+// decodeText pops the flag's value, naming what it expects (what), and
+// hands it to u: kong's own TextUnmarshaler path names every such value
+// "value" ("expected value value but got ..." for -n -5).
+func decodeText(ctx *kong.DecodeContext, what string, u interface{ UnmarshalText([]byte) error }) error {
+	t, err := ctx.Scan.PopValue(what)
+	if err != nil {
+		return err
+	}
+	return u.UnmarshalText([]byte(fmt.Sprint(t.Value)))
+}
+
+// Decode implements kong.MapperValue.
+func (b *byteSize) Decode(ctx *kong.DecodeContext) error { return decodeText(ctx, "size", b) }
+
+// Decode implements kong.MapperValue.
+func (m *msgSize) Decode(ctx *kong.DecodeContext) error { return decodeText(ctx, "size", m) }
+
+// Decode implements kong.MapperValue.
+func (c *count) Decode(ctx *kong.DecodeContext) error { return decodeText(ctx, "count", c) }
+
+// Decode implements kong.MapperValue.
+func (d *seconds) Decode(ctx *kong.DecodeContext) error { return decodeText(ctx, "duration", d) }
