@@ -3,6 +3,7 @@ package rdmacm_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -73,6 +74,24 @@ func (r *rawPeer) send(fill func(d []byte), want bool) mad.Datagram {
 	return d
 }
 
+// openLogging opens a CM on dev whose log lines are kept: logs returns
+// them so far.
+func openLogging(t *testing.T, dev *softrdma.Device) (cm *rdmacm.CM, logs func() []string) {
+	var mu sync.Mutex
+	var lines []string
+	cm, err := rdmacm.Open(dev, rdmacm.Options{Logf: func(f string, a ...any) {
+		mu.Lock()
+		defer mu.Unlock()
+		lines = append(lines, fmt.Sprintf(f, a...))
+	}})
+	require.NoError(t, err)
+	return cm, func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(lines)
+	}
+}
+
 func header(class mad.Class, version uint8, method mad.Method, attr mad.AttributeID, tid uint64) func(d []byte) {
 	return func(d []byte) {
 		mad.Datagram(d).Encode(&mad.HeaderFields{Class: class, ClassVersion: version, Method: method,
@@ -104,16 +123,9 @@ func req(p *softrdmatest.Pair, transport mad.TransportType, sid mad.ServiceID, i
 func TestUnsupportedMADs(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p := softrdmatest.NewPair(t, softrdmatest.Options{Pipe: true, NoPcap: true, NoConnect: true})
-		var mu sync.Mutex
-		var logs []string
-		cmA, err := rdmacm.Open(p.A.Dev, rdmacm.Options{Logf: func(f string, a ...any) {
-			mu.Lock()
-			defer mu.Unlock()
-			logs = append(logs, fmt.Sprintf(f, a...))
-		}})
-		require.NoError(t, err)
+		cmA, logs := openLogging(t, p.A.Dev)
 		defer cmA.Close()
-		_, err = cmA.Listen(port, 1)
+		_, err := cmA.Listen(port, 1)
 		require.NoError(t, err)
 		r := newRawPeer(t, p)
 
@@ -184,10 +196,9 @@ func TestUnsupportedMADs(t *testing.T) {
 		require.Equal(t, uint64(3), ctr.Unsupported.Load())
 		require.Equal(t, uint64(6), ctr.RejectsSent.Load())
 		require.Equal(t, uint64(2), ctr.UnknownCommID.Load(), "the DREQ and the RTU")
-		mu.Lock()
-		defer mu.Unlock()
-		require.Len(t, logs, 3+6+1, "every refusal is logged, naming the peer: %q", logs)
-		for _, l := range logs {
+		lines := logs()
+		require.Len(t, lines, 3+6+1, "every refusal is logged, naming the peer: %q", lines)
+		for _, l := range lines {
 			require.Contains(t, l, p.B.Dev.LocalAddr().Addr().String())
 		}
 	})
@@ -236,14 +247,7 @@ func TestAcceptFlowLabel(t *testing.T) {
 func TestWarningsAreRateLimited(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p := softrdmatest.NewPair(t, softrdmatest.Options{Pipe: true, NoPcap: true, NoConnect: true})
-		var mu sync.Mutex
-		var logs []string
-		cmA, err := rdmacm.Open(p.A.Dev, rdmacm.Options{Logf: func(f string, a ...any) {
-			mu.Lock()
-			defer mu.Unlock()
-			logs = append(logs, fmt.Sprintf(f, a...))
-		}})
-		require.NoError(t, err)
+		cmA, logs := openLogging(t, p.A.Dev)
 		defer cmA.Close()
 		const n = 25
 		for i := range n {
@@ -254,9 +258,8 @@ func TestWarningsAreRateLimited(t *testing.T) {
 			}, false)
 		}
 		require.Equal(t, uint64(n), cmA.Counters().Malformed.Load())
-		mu.Lock()
-		defer mu.Unlock()
-		require.Len(t, logs, 10, "%q", logs)
-		require.Contains(t, logs[0], "base version")
+		lines := logs()
+		require.Len(t, lines, 10, "%q", lines)
+		require.Contains(t, lines[0], "base version")
 	})
 }

@@ -18,6 +18,29 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// skipWithoutNetns skips a test that needs network namespaces and a veth
+// pair: root and iproute2's ip.
+func skipWithoutNetns(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to create network namespaces and a veth pair (CI runs it as root)")
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skip("needs iproute2's ip (apt-get install -y iproute2)")
+	}
+}
+
+// buildTool builds the softrdma binary into a temporary directory and
+// returns its directory and path.
+func buildTool(t *testing.T) (dir, bin string) {
+	t.Helper()
+	dir = t.TempDir()
+	bin = filepath.Join(dir, "softrdma")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, "go build: %s", out)
+	return dir, bin
+}
+
 // TestTwoHostsOverVeth is the two-host experiment of the README: two network
 // namespaces joined by a veth pair, a server in one and a client in the
 // other, each a separate softrdma process. It moves a 64 MiB file by RDMA
@@ -27,19 +50,11 @@ import (
 //
 // It needs root (ip netns, veth); as another user it skips. CI runs it.
 func TestTwoHostsOverVeth(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to create network namespaces and a veth pair (CI runs it as root)")
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("needs iproute2's ip (apt-get install -y iproute2)")
-	}
+	skipWithoutNetns(t)
 	if testing.Short() {
 		t.Skip("moves 2 × 64 MiB between two processes; skipped with -short")
 	}
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "softrdma")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
-	require.NoError(t, err, "go build: %s", out)
+	dir, bin := buildTool(t)
 
 	h := newHosts(t, 9000)
 	file := filepath.Join(dir, "in.bin")
@@ -83,16 +98,8 @@ func TestTwoHostsOverVeth(t *testing.T) {
 //
 // It needs root (ip netns, veth); as another user it skips.
 func TestToolsOverMTU1500Veth(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to create network namespaces and a veth pair (CI runs it as root)")
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("needs iproute2's ip (apt-get install -y iproute2)")
-	}
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "softrdma")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
-	require.NoError(t, err, "go build: %s", out)
+	skipWithoutNetns(t)
+	_, bin := buildTool(t)
 
 	h := newHosts(t, 1500)
 	const notice = "Requested mtu is higher than active mtu\nChanging to active mtu - 3 (1024[B])\n"
