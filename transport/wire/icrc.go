@@ -260,7 +260,15 @@ func be16(v uint16) uint64 { return uint64(bits.ReverseBytes16(v)) }
 // have it, hash/crc32 otherwise). It does not allocate.
 func ComputeICRC(h *IPHeader, srcPort, dstPort uint16, roce []byte) uint32 {
 	_ = roce[BTHSize-1]
-	udpLen := uint16(8 + len(roce) + ICRCSize)
+	s := icrcHeaders(h, srcPort, dstPort, len(roce)+ICRCSize, roce)
+	return crcFinish(s, roce[BTHSize:])
+}
+
+// icrcHeaders returns the CRC register after the masked LRH, IP and UDP
+// headers and the masked BTH (bth's first BTHSize bytes) of a packet whose
+// UDP payload is pktLen bytes, ICRC included.
+func icrcHeaders(h *IPHeader, srcPort, dstPort uint16, pktLen int, bth []byte) uint32 {
+	udpLen := uint16(8 + pktLen)
 	s := icrcSeed
 	if src := h.Src.Unmap(); src.Is4() {
 		var flags uint64
@@ -275,10 +283,9 @@ func ComputeICRC(h *IPHeader, srcPort, dstPort uint16, roce []byte) uint32 {
 		// Destination address, UDP ports.
 		s = crcWord(s, uint64(binary.LittleEndian.Uint32(da[:]))|be16(srcPort)<<32|be16(dstPort)<<48)
 		// UDP length, checksum=ffff, BTH bytes 0-3.
-		s = crcWord(s, be16(udpLen)|0xffff<<16|uint64(binary.LittleEndian.Uint32(roce))<<32)
+		s = crcWord(s, be16(udpLen)|0xffff<<16|uint64(binary.LittleEndian.Uint32(bth))<<32)
 		// BTH bytes 4-11 with byte 4 (FECN, BECN, Resv6) all ones.
-		s = crcWord(s, binary.LittleEndian.Uint64(roce[4:])|0xff)
-		return crcFinish(s, roce[BTHSize:])
+		return crcWord(s, binary.LittleEndian.Uint64(bth[4:])|0xff)
 	}
 	sa, da := h.Src.As16(), h.Dst.As16()
 	// Version 6, traffic class and flow label all ones, payload length,
@@ -289,9 +296,42 @@ func ComputeICRC(h *IPHeader, srcPort, dstPort uint16, roce []byte) uint32 {
 	s = crcWord(s, binary.LittleEndian.Uint64(da[0:]))
 	s = crcWord(s, binary.LittleEndian.Uint64(da[8:]))
 	s = crcWord(s, be16(srcPort)|be16(dstPort)<<16|be16(udpLen)<<32|0xffff<<48)
-	s = crcWord(s, binary.LittleEndian.Uint64(roce)|0xff<<32)
-	return crcFinish(s, roce[8:])
+	s = crcWord(s, binary.LittleEndian.Uint64(bth)|0xff<<32)
+	return crcUpdate(s, bth[8:BTHSize])
 }
+
+// ICRCState is the ICRC of a packet that is being built: begun over the
+// headers by BeginICRC, advanced over the rest of the packet in order by
+// Update and Copy, and read by Sum. A requester uses it to hash the
+// payload while it copies it into the packet (Copy), so the payload is
+// read once for both; the result is ComputeICRC's for the same packet.
+type ICRCState uint32 // the CRC register, before the final inversion
+
+// BeginICRC starts the ICRC of a packet whose UDP payload, ICRC trailer
+// included, is pktLen bytes, sent with the IP header fields h between
+// srcPort and dstPort, and whose BTH (final: the ICRC covers it) is the
+// first BTHSize bytes of bth. The rest of the packet, from the end of the
+// BTH to the trailer, must follow through Update and Copy.
+func BeginICRC(h *IPHeader, srcPort, dstPort uint16, pktLen int, bth []byte) ICRCState {
+	_ = bth[BTHSize-1]
+	return ICRCState(icrcHeaders(h, srcPort, dstPort, pktLen, bth))
+}
+
+// Update advances the ICRC over the next bytes of the packet, p.
+func (st ICRCState) Update(p []byte) ICRCState {
+	return ICRCState(^crcFinish(uint32(st), p))
+}
+
+// Copy copies src into dst (which must be at least as long) and advances
+// the ICRC over it, as the next bytes of the packet. Where the CPU has the
+// 256-bit carry-less multiply it loads each byte once for both.
+func (st ICRCState) Copy(dst, src []byte) ICRCState {
+	return ICRCState(^crc32UpdateCopy(^uint32(st), dst, src))
+}
+
+// Sum returns the ICRC of the bytes seen, the value that goes into the
+// trailer (binary.LittleEndian.PutUint32, as PutICRC stores it).
+func (st ICRCState) Sum() uint32 { return ^uint32(st) }
 
 // PacketICRC returns the ICRC stored in the last 4 bytes of pkt.
 func PacketICRC(pkt []byte) uint32 {
