@@ -21,10 +21,14 @@ type item struct {
 	// sport is the UDP source port to send from; 0: the conn's own.
 	sport uint16
 
-	id      uint16 // receive: the IPv4 ID the ICRC verified with
-	ip      IPInfo // receive: the rest of the IP header that is known (TTL, TOS, flow label)
-	corrupt bool   // flip buf[pos] ^= mask: after the ICRC (send), before delivery (receive)
-	flipped bool   // send: the flip is applied (undo it before recomputing the ICRC)
+	id uint16 // receive: the IPv4 ID the ICRC verified with
+	ip IPInfo // receive: the rest of the IP header that is known (TTL, TOS, flow label)
+	// send: the trailer holds the ICRC for IPv4 ID icrcID (Packet.ICRCReady
+	// with ID 0, or computed by finishTx), so a new ID only corrects it.
+	icrc    bool
+	icrcID  uint16
+	corrupt bool // flip buf[pos] ^= mask: after the ICRC (send), before delivery (receive)
+	flipped bool // send: the flip is applied (undo it before recomputing the ICRC)
 	pos     int32
 	mask    byte
 }
@@ -259,7 +263,10 @@ func (c *core) send(pkts []Packet) error {
 			clear(in)
 			return ErrAddressFamily
 		}
-		in = append(in, item{buf: p.Buf, addr: a, sport: c.srcPortOf(p.SrcPort)})
+		sport := c.srcPortOf(p.SrcPort)
+		// A ready ICRC holds for the port the caller meant.
+		ready := p.ICRCReady && (sport != 0 || p.SrcPort == 0 || p.SrcPort == c.local.Port())
+		in = append(in, item{buf: p.Buf, addr: a, sport: sport, icrc: ready})
 	}
 	c.tx.begin(c.impair.Load())
 	if c.tx.idle() {
@@ -292,8 +299,9 @@ func (c *core) release(items []item) {
 	clear(items)
 }
 
-// finishTx computes the ICRC of a packet about to be sent with IPv4 ID id,
-// applies a pending corruption and shows it to the tap.
+// finishTx computes the ICRC of a packet about to be sent with IPv4 ID id
+// (or corrects the one it has for another ID), applies a pending
+// corruption and shows it to the tap.
 func (c *core) finishTx(it *item, id uint16) {
 	if !c.is4 {
 		id = 0
@@ -306,9 +314,17 @@ func (c *core) finishTx(it *item, id uint16) {
 	if it.sport != 0 {
 		src = netip.AddrPortFrom(c.local.Addr(), it.sport)
 	}
-	if !c.noICRC {
+	switch {
+	case c.noICRC:
+	case it.icrc:
+		if it.icrcID != id {
+			wire.SetICRCID(it.buf, it.icrcID, id)
+			it.icrcID = id
+		}
+	default:
 		h := wire.IPHeader{Src: src.Addr(), Dst: it.addr.Addr(), ID: id, DF: true}
 		wire.PutICRC(&h, src.Port(), it.addr.Port(), it.buf)
+		it.icrc, it.icrcID = true, id
 	}
 	if it.corrupt {
 		it.buf[it.pos] ^= it.mask
