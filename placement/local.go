@@ -49,7 +49,27 @@ func sglTotal(sgl []SGE) uint64 {
 // LocalProtErr. Keys are checked again at each call because the region may
 // have been deregistered since the work request was posted.
 func (e *Engine) Gather(pd uint32, sgl []SGE, offset uint64, dst []byte) Status {
-	return e.sgl(pd, sgl, offset, dst, false)
+	return e.sgl(pd, sgl, offset, dst, false, nil)
+}
+
+// A Copier copies what GatherWith gathers: the transport's computes the
+// packet's ICRC over the payload while it copies it, so that the payload
+// is read once for both.
+type Copier interface {
+	// Copy copies src into dst, which is as long: the bytes of a region
+	// whose memory is one linear range.
+	Copy(dst, src []byte)
+	// Copied is told of bytes that the region's page table copied into
+	// the destination itself (memory that is not one linear range). It is
+	// called once the bytes are all there: a page fault that interrupts
+	// the copy and retries it does not show.
+	Copied(p []byte)
+}
+
+// GatherWith is Gather, with the copy done by c. c sees the bytes in
+// order, each byte once (when the result is OK).
+func (e *Engine) GatherWith(pd uint32, sgl []SGE, offset uint64, dst []byte, c Copier) Status {
+	return e.sgl(pd, sgl, offset, dst, false, c)
 }
 
 // Scatter copies src into the SGL starting at byte offset of the SGL: a
@@ -60,10 +80,10 @@ func (e *Engine) Gather(pd uint32, sgl []SGE, offset uint64, dst []byte) Status 
 // elements before the failing one may have been written (the WQE completes
 // in error and its buffer's contents are undefined).
 func (e *Engine) Scatter(pd uint32, sgl []SGE, offset uint64, src []byte) Status {
-	return e.sgl(pd, sgl, offset, src, true)
+	return e.sgl(pd, sgl, offset, src, true, nil)
 }
 
-func (e *Engine) sgl(pd uint32, sgl []SGE, offset uint64, b []byte, write bool) Status {
+func (e *Engine) sgl(pd uint32, sgl []SGE, offset uint64, b []byte, write bool, c Copier) Status {
 	n := uint64(len(b))
 	if total := sglTotal(sgl); offset > total || n > total-offset {
 		return LocalLenErr
@@ -90,10 +110,13 @@ func (e *Engine) sgl(pd uint32, sgl []SGE, offset uint64, b []byte, write bool) 
 			return LocalProtErr
 		}
 		tr := pagetable.OK
+		linear := sp.Linear()
 		switch {
-		case sp.Linear() && write:
+		case linear && write:
 			copy(sp.At(offset, k), b[done:done+k])
-		case sp.Linear():
+		case linear && c != nil:
+			c.Copy(b[done:done+k], sp.At(offset, k))
+		case linear:
 			copy(b[done:done+k], sp.At(offset, k))
 		case write:
 			tr = sp.Entry.Value.copyIn(s.Addr+offset, b[done:done+k])
@@ -116,6 +139,9 @@ func (e *Engine) sgl(pd uint32, sgl []SGE, offset uint64, b []byte, write bool) 
 		}
 		if tr != pagetable.OK {
 			return tableStatus(tr, false)
+		}
+		if c != nil && !linear {
+			c.Copied(b[done : done+k])
 		}
 		done += k
 		offset = 0
