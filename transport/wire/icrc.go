@@ -268,6 +268,25 @@ func ComputeICRC(h *IPHeader, srcPort, dstPort uint16, roce []byte) uint32 {
 // headers and the masked BTH (bth's first BTHSize bytes) of a packet whose
 // UDP payload is pktLen bytes, ICRC included.
 func icrcHeaders(h *IPHeader, srcPort, dstPort uint16, pktLen int, bth []byte) uint32 {
+	p := NewICRCPrefix(h, srcPort, dstPort, pktLen)
+	return uint32(p.Begin(bth))
+}
+
+// ICRCPrefix is the ICRC's state over the part of the covered bytes that
+// depends only on the IP and UDP headers (addresses, ports, IPv4 ID and
+// DF, and the length), not on the packet: a sender that builds many
+// packets of one length to one destination computes it once and begins
+// each packet's ICRC from it (Begin).
+type ICRCPrefix struct {
+	s      uint32 // the register after the header words that do not cover the BTH
+	udpLen uint16 // IPv4: the UDP length, hashed with the first BTH bytes
+	v6     bool
+}
+
+// NewICRCPrefix returns the prefix of the ICRC of packets whose UDP
+// payload, ICRC included, is pktLen bytes, sent with the IP header fields
+// h from srcPort to dstPort.
+func NewICRCPrefix(h *IPHeader, srcPort, dstPort uint16, pktLen int) ICRCPrefix {
 	udpLen := uint16(8 + pktLen)
 	s := icrcSeed
 	if src := h.Src.Unmap(); src.Is4() {
@@ -282,10 +301,7 @@ func icrcHeaders(h *IPHeader, srcPort, dstPort uint16, pktLen int, bth []byte) u
 		s = crcWord(s, 0xff|17<<8|0xffff<<16|uint64(binary.LittleEndian.Uint32(sa[:]))<<32)
 		// Destination address, UDP ports.
 		s = crcWord(s, uint64(binary.LittleEndian.Uint32(da[:]))|be16(srcPort)<<32|be16(dstPort)<<48)
-		// UDP length, checksum=ffff, BTH bytes 0-3.
-		s = crcWord(s, be16(udpLen)|0xffff<<16|uint64(binary.LittleEndian.Uint32(bth))<<32)
-		// BTH bytes 4-11 with byte 4 (FECN, BECN, Resv6) all ones.
-		return crcWord(s, binary.LittleEndian.Uint64(bth[4:])|0xff)
+		return ICRCPrefix{s: s, udpLen: udpLen}
 	}
 	sa, da := h.Src.As16(), h.Dst.As16()
 	// Version 6, traffic class and flow label all ones, payload length,
@@ -296,8 +312,23 @@ func icrcHeaders(h *IPHeader, srcPort, dstPort uint16, pktLen int, bth []byte) u
 	s = crcWord(s, binary.LittleEndian.Uint64(da[0:]))
 	s = crcWord(s, binary.LittleEndian.Uint64(da[8:]))
 	s = crcWord(s, be16(srcPort)|be16(dstPort)<<16|be16(udpLen)<<32|0xffff<<48)
-	s = crcWord(s, binary.LittleEndian.Uint64(bth)|0xff<<32)
-	return crcUpdate(s, bth[8:BTHSize])
+	return ICRCPrefix{s: s, v6: true}
+}
+
+// Begin starts the ICRC of one packet of the prefix's headers and length,
+// whose BTH (final: the ICRC covers it) is the first BTHSize bytes of bth.
+// The rest of the packet, from the end of the BTH to the trailer, must
+// follow through Update and Copy.
+func (p ICRCPrefix) Begin(bth []byte) ICRCState {
+	_ = bth[BTHSize-1]
+	if !p.v6 {
+		// UDP length, checksum=ffff, BTH bytes 0-3.
+		s := crcWord(p.s, be16(p.udpLen)|0xffff<<16|uint64(binary.LittleEndian.Uint32(bth))<<32)
+		// BTH bytes 4-11 with byte 4 (FECN, BECN, Resv6) all ones.
+		return ICRCState(crcWord(s, binary.LittleEndian.Uint64(bth[4:])|0xff))
+	}
+	s := crcWord(p.s, binary.LittleEndian.Uint64(bth)|0xff<<32)
+	return ICRCState(crcUpdate(s, bth[8:BTHSize]))
 }
 
 // ICRCState is the ICRC of a packet that is being built: begun over the
@@ -313,8 +344,7 @@ type ICRCState uint32 // the CRC register, before the final inversion
 // first BTHSize bytes of bth. The rest of the packet, from the end of the
 // BTH to the trailer, must follow through Update and Copy.
 func BeginICRC(h *IPHeader, srcPort, dstPort uint16, pktLen int, bth []byte) ICRCState {
-	_ = bth[BTHSize-1]
-	return ICRCState(icrcHeaders(h, srcPort, dstPort, pktLen, bth))
+	return NewICRCPrefix(h, srcPort, dstPort, pktLen).Begin(bth)
 }
 
 // Update advances the ICRC over the next bytes of the packet, p.

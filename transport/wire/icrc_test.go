@@ -217,6 +217,9 @@ func TestICRCStateMatchesComputeICRC(t *testing.T) {
 				out := make([]byte, len(pkt))
 				copy(out, pkt[:wire.BTHSize])
 				st := wire.BeginICRC(h, 49441, wire.RoCEv2Port, len(pkt), out)
+				if r.IntN(2) == 0 {
+					st = wire.NewICRCPrefix(h, 49441, wire.RoCEv2Port, len(pkt)).Begin(out)
+				}
 				for off := wire.BTHSize; off < len(body); {
 					k := min(len(body)-off, 1+r.IntN(200))
 					if r.IntN(2) == 0 {
