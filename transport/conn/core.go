@@ -7,7 +7,6 @@ import (
 	"net/netip"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/softrdma/softrdma/transport/wire"
@@ -46,9 +45,9 @@ type tapBox struct{ t Tap }
 
 // srcPort is a source port held with AcquireSourcePort.
 type srcPort struct {
-	holds int             // AcquireSourcePort calls not yet released
-	sock  io.Closer       // UDPConn: the socket bound to the port; nil for a pipe
-	rc    syscall.RawConn // UDPConn: the socket's, for sendmmsg
+	holds int       // AcquireSourcePort calls not yet released
+	sock  io.Closer // UDPConn: the socket bound to the port; nil for a pipe
+	fd    int       // UDPConn: the socket's descriptor, for sendmmsg
 }
 
 // core is the pipeline shared by UDPConn and PipeConn: impairment, ICRC,
