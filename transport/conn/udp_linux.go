@@ -260,11 +260,12 @@ const srcRcvBuf = 0
 // replaces while it waits (the buffer is as large as the conn's; on
 // loopback it never fills).
 func (c *UDPConn) openSourcePort(port uint16) (*srcPort, error) {
-	family := unix.AF_INET
-	var sa unix.Sockaddr = &unix.SockaddrInet4{Port: int(port), Addr: c.bindIP.As4()}
-	if !c.is4 {
-		family = unix.AF_INET6
-		sa = &unix.SockaddrInet6{Port: int(port), Addr: c.bindIP.As16(), ZoneId: c.scopeID}
+	var family int
+	var sa unix.Sockaddr
+	if c.is4 {
+		family, sa = unix.AF_INET, &unix.SockaddrInet4{Port: int(port), Addr: c.bindIP.As4()}
+	} else {
+		family, sa = unix.AF_INET6, &unix.SockaddrInet6{Port: int(port), Addr: c.bindIP.As16(), ZoneId: c.scopeID}
 	}
 	fd, err := unix.Socket(family, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.IPPROTO_UDP)
 	if err != nil {

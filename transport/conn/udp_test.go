@@ -94,6 +94,21 @@ func TestUDPIPv6RoundTrip(t *testing.T) {
 		require.Equal(t, a.LocalAddr(), got[i].from)
 	}
 	require.Zero(t, b.Stats().BadICRC.Load())
+	// And from a held source port (its own socket, bound to ::1).
+	sport := freePorts(t, 1)[0]
+	require.NoError(t, a.AcquireSourcePort(sport))
+	defer a.ReleaseSourcePort(sport)
+	for i := range pkts {
+		pkts[i].SrcPort = sport
+	}
+	require.NoError(t, a.Send(pkts))
+	got = receiveN(t, b, len(pkts), 5*time.Second)
+	require.Len(t, got, len(pkts))
+	for i := range got {
+		require.Equal(t, pkts[i].Buf, got[i].buf)
+		require.Equal(t, netip.AddrPortFrom(a.LocalAddr().Addr(), sport), got[i].from)
+	}
+	require.Zero(t, b.Stats().BadICRC.Load())
 	// An IPv4 destination is refused before anything is sent.
 	require.ErrorIs(t, a.Send([]conn.Packet{{Buf: newPacket(0, 64), Addr: netip.MustParseAddrPort("127.0.0.1:4791")}}), conn.ErrAddressFamily)
 }
