@@ -76,6 +76,14 @@ type core struct {
 	// txMu.
 	srcMu sync.Mutex
 	src   map[uint16]*srcPort
+	// srcLast caches srcPortOf's last lookup (a map lookup per packet
+	// is measurable: one QP's packets all carry the same port). Guarded
+	// by txMu; every write of src clears it.
+	srcLast struct {
+		port  uint16
+		held  bool
+		valid bool
+	}
 	// openSrc opens the backend's socket for a source port (nil: none is
 	// needed, the pipe). Called with srcMu held.
 	openSrc func(port uint16) (*srcPort, error)
@@ -148,6 +156,7 @@ func (c *core) AcquireSourcePort(port uint16) error {
 	s.holds = 1
 	c.txMu.Lock()
 	c.src[port] = s
+	c.srcLast.valid = false
 	c.txMu.Unlock()
 	return nil
 }
@@ -168,6 +177,7 @@ func (c *core) ReleaseSourcePort(port uint16) {
 	}
 	c.txMu.Lock()
 	delete(c.src, port)
+	c.srcLast.valid = false
 	c.txMu.Unlock()
 	if s.sock != nil {
 		_ = s.sock.Close()
@@ -193,6 +203,7 @@ func (c *core) closeSourcePorts() {
 	c.txMu.Lock()
 	ports := c.src
 	c.src = map[uint16]*srcPort{}
+	c.srcLast.valid = false
 	c.txMu.Unlock()
 	for _, s := range ports {
 		if s.sock != nil {
@@ -205,7 +216,13 @@ func (c *core) closeSourcePorts() {
 // 0 (the conn's own) for 0, the conn's own port or a port not held.
 // Called with txMu held.
 func (c *core) srcPortOf(port uint16) uint16 {
-	if port == c.local.Port() || c.src[port] == nil {
+	if port == 0 || port == c.local.Port() {
+		return 0
+	}
+	if l := &c.srcLast; !l.valid || l.port != port {
+		l.port, l.held, l.valid = port, c.src[port] != nil, true
+	}
+	if !c.srcLast.held {
 		return 0
 	}
 	return port
