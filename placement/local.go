@@ -49,7 +49,7 @@ func sglTotal(sgl []SGE) uint64 {
 // LocalProtErr. Keys are checked again at each call because the region may
 // have been deregistered since the work request was posted.
 func (e *Engine) Gather(pd uint32, sgl []SGE, offset uint64, dst []byte) Status {
-	return e.sgl(pd, sgl, offset, dst, false, nil)
+	return e.sgl(pd, sgl, offset, dst, false)
 }
 
 // A Copier copies what GatherWith gathers: the transport's computes the
@@ -68,8 +68,59 @@ type Copier interface {
 
 // GatherWith is Gather, with the copy done by c. c sees the bytes in
 // order, each byte once (when the result is OK).
+//
+// It is sgl's read half written out again: dst escapes into the Copier's
+// interface call, and in a shared function the buffers of Gather's and
+// Scatter's callers would escape with it (a UD receive's GRH on the stack
+// became an allocation per datagram).
 func (e *Engine) GatherWith(pd uint32, sgl []SGE, offset uint64, dst []byte, c Copier) Status {
-	return e.sgl(pd, sgl, offset, dst, false, c)
+	n := uint64(len(dst))
+	if total := sglTotal(sgl); offset > total || n > total-offset {
+		return LocalLenErr
+	}
+	done := uint64(0)
+	for i := 0; done < n; i++ {
+		s := &sgl[i]
+		l := uint64(s.Length)
+		if offset >= l {
+			offset -= l
+			continue
+		}
+		k := min(l-offset, n-done)
+		var sp stag.Span[*MR]
+	again:
+		if r := e.mrs.Open(&sp, pd, stag.STag(s.LKey), 0, s.Addr, l); r != stag.OK {
+			if r == stag.Suspended {
+				return Suspended
+			}
+			return LocalProtErr
+		}
+		tr := pagetable.OK
+		linear := sp.Linear()
+		if linear {
+			c.Copy(dst[done:done+k], sp.At(offset, k))
+		} else {
+			tr = sp.Entry.Value.copyOut(s.Addr+offset, dst[done:done+k])
+		}
+		mr := sp.Entry.Value
+		sp.Close()
+		if (tr == pagetable.NotPresent || tr == pagetable.NoPermission) && mr.odp != nil {
+			// As sgl: the requester's own ODP memory faults inline.
+			if mr.fault(s.Addr+offset, k, 0) != nil {
+				return LocalProtErr
+			}
+			goto again
+		}
+		if tr != pagetable.OK {
+			return tableStatus(tr, false)
+		}
+		if !linear {
+			c.Copied(dst[done : done+k])
+		}
+		done += k
+		offset = 0
+	}
+	return OK
 }
 
 // Scatter copies src into the SGL starting at byte offset of the SGL: a
@@ -80,10 +131,10 @@ func (e *Engine) GatherWith(pd uint32, sgl []SGE, offset uint64, dst []byte, c C
 // elements before the failing one may have been written (the WQE completes
 // in error and its buffer's contents are undefined).
 func (e *Engine) Scatter(pd uint32, sgl []SGE, offset uint64, src []byte) Status {
-	return e.sgl(pd, sgl, offset, src, true, nil)
+	return e.sgl(pd, sgl, offset, src, true)
 }
 
-func (e *Engine) sgl(pd uint32, sgl []SGE, offset uint64, b []byte, write bool, c Copier) Status {
+func (e *Engine) sgl(pd uint32, sgl []SGE, offset uint64, b []byte, write bool) Status {
 	n := uint64(len(b))
 	if total := sglTotal(sgl); offset > total || n > total-offset {
 		return LocalLenErr
@@ -110,13 +161,10 @@ func (e *Engine) sgl(pd uint32, sgl []SGE, offset uint64, b []byte, write bool, 
 			return LocalProtErr
 		}
 		tr := pagetable.OK
-		linear := sp.Linear()
 		switch {
-		case linear && write:
+		case sp.Linear() && write:
 			copy(sp.At(offset, k), b[done:done+k])
-		case linear && c != nil:
-			c.Copy(b[done:done+k], sp.At(offset, k))
-		case linear:
+		case sp.Linear():
 			copy(b[done:done+k], sp.At(offset, k))
 		case write:
 			tr = sp.Entry.Value.copyIn(s.Addr+offset, b[done:done+k])
@@ -139,9 +187,6 @@ func (e *Engine) sgl(pd uint32, sgl []SGE, offset uint64, b []byte, write bool, 
 		}
 		if tr != pagetable.OK {
 			return tableStatus(tr, false)
-		}
-		if c != nil && !linear {
-			c.Copied(b[done : done+k])
 		}
 		done += k
 		offset = 0
