@@ -109,8 +109,9 @@ const (
 type Conn interface {
 	// Send sends pkts in order. It computes every packet's ICRC in place
 	// (so each Buf must have room for the trailer and no two Bufs may
-	// overlap) and may coalesce runs of same-destination packets into one
-	// UDP GSO send. The conn does not keep the Bufs after Send returns.
+	// overlap), or corrects a ready one for the IPv4 ID the datagram gets
+	// (Packet.ICRCReady), and may coalesce runs of same-destination
+	// packets into one UDP GSO send. The conn does not keep the Bufs after Send returns.
 	// A packet shorter than MinPacketSize or longer than MaxPacketSize, or
 	// with an address of the wrong family, makes Send fail before anything
 	// is sent. A datagram the kernel refuses (EMSGSIZE, ...) is skipped and
