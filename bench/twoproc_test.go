@@ -47,6 +47,11 @@ import (
 // and the metrics of BenchmarkWriteBW for the parent's device. The ratio
 // means something only for runs of some length: use -benchtime 1s or
 // more, not the 1x smoke test.
+//
+// -cpuprofile profiles the parent (the requester and the raw sender). To
+// profile the child (the responder and the raw receiver) as well, set
+// SOFTRDMA_BENCH_CHILD_CPUPROFILE to an absolute file name; every child
+// writes it, so run one size and -count 1.
 func BenchmarkWriteBWTwoProcess(b *testing.B) {
 	for _, size := range bwSizes {
 		b.Run(fmt.Sprintf("size=%d", size), func(b *testing.B) {
@@ -111,6 +116,10 @@ func BenchmarkWriteBWTwoProcess(b *testing.B) {
 const (
 	helperEnv     = "SOFTRDMA_BENCH_HELPER" // set in the child: run TestHelperServer
 	helperSizeEnv = "SOFTRDMA_BENCH_SIZE"   // the size of the child's MR
+	// helperProfEnv, set in the parent's environment, names a file the
+	// child writes its CPU profile to (-test.cpuprofile covers the
+	// parent only; the child runs the responder).
+	helperProfEnv = "SOFTRDMA_BENCH_CHILD_CPUPROFILE"
 
 	// rawPayload is the payload of each raw datagram: one MTU-4096 RDMA
 	// WRITE MIDDLE packet.
@@ -148,7 +157,11 @@ func startHelper(b *testing.B, size int) *helper {
 		b.Fatal(err)
 	}
 	h := &helper{out: new(bytes.Buffer), ctl: bufio.NewReader(r)}
-	h.cmd = exec.Command(exe, "-test.run=^TestHelperServer$", "-test.count=1", "-test.timeout=10m")
+	args := []string{"-test.run=^TestHelperServer$", "-test.count=1", "-test.timeout=10m"}
+	if prof := os.Getenv(helperProfEnv); prof != "" {
+		args = append(args, "-test.cpuprofile="+prof)
+	}
+	h.cmd = exec.Command(exe, args...)
 	h.cmd.Env = append(os.Environ(), helperEnv+"=1", helperSizeEnv+"="+strconv.Itoa(size))
 	h.cmd.Stdout, h.cmd.Stderr = h.out, h.out
 	h.cmd.ExtraFiles = []*os.File{w} // fd 3 in the child: its replies

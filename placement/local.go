@@ -52,6 +52,77 @@ func (e *Engine) Gather(pd uint32, sgl []SGE, offset uint64, dst []byte) Status 
 	return e.sgl(pd, sgl, offset, dst, false)
 }
 
+// A Copier copies what GatherWith gathers: the transport's computes the
+// packet's ICRC over the payload while it copies it, so that the payload
+// is read once for both.
+type Copier interface {
+	// Copy copies src into dst, which is as long: the bytes of a region
+	// whose memory is one linear range.
+	Copy(dst, src []byte)
+	// Copied is told of bytes that the region's page table copied into
+	// the destination itself (memory that is not one linear range). It is
+	// called once the bytes are all there: a page fault that interrupts
+	// the copy and retries it does not show.
+	Copied(p []byte)
+}
+
+// GatherWith is Gather, with the copy done by c. c sees the bytes in
+// order, each byte once (when the result is OK).
+//
+// It is sgl's read half written out again: dst escapes into the Copier's
+// interface call, and in a shared function the buffers of Gather's and
+// Scatter's callers would escape with it (a UD receive's GRH on the stack
+// became an allocation per datagram).
+func (e *Engine) GatherWith(pd uint32, sgl []SGE, offset uint64, dst []byte, c Copier) Status {
+	n := uint64(len(dst))
+	if total := sglTotal(sgl); offset > total || n > total-offset {
+		return LocalLenErr
+	}
+	done := uint64(0)
+	for i := 0; done < n; i++ {
+		s := &sgl[i]
+		l := uint64(s.Length)
+		if offset >= l {
+			offset -= l
+			continue
+		}
+		k := min(l-offset, n-done)
+		var sp stag.Span[*MR]
+	again:
+		if r := e.mrs.Open(&sp, pd, stag.STag(s.LKey), 0, s.Addr, l); r != stag.OK {
+			if r == stag.Suspended {
+				return Suspended
+			}
+			return LocalProtErr
+		}
+		tr := pagetable.OK
+		linear := sp.Linear()
+		if linear {
+			c.Copy(dst[done:done+k], sp.At(offset, k))
+		} else {
+			tr = sp.Entry.Value.copyOut(s.Addr+offset, dst[done:done+k])
+		}
+		mr := sp.Entry.Value
+		sp.Close()
+		if (tr == pagetable.NotPresent || tr == pagetable.NoPermission) && mr.odp != nil {
+			// As sgl: the requester's own ODP memory faults inline.
+			if mr.fault(s.Addr+offset, k, 0) != nil {
+				return LocalProtErr
+			}
+			goto again
+		}
+		if tr != pagetable.OK {
+			return tableStatus(tr, false)
+		}
+		if !linear {
+			c.Copied(dst[done : done+k])
+		}
+		done += k
+		offset = 0
+	}
+	return OK
+}
+
 // Scatter copies src into the SGL starting at byte offset of the SGL: a
 // received SEND payload into the receive WQE's SGL, an RDMA READ response
 // or an atomic's original value into the requester's SGL. The elements need

@@ -557,14 +557,21 @@ func TestZeroAllocations(t *testing.T) {
 			var c placement.Cursor
 			e.Begin(&c, pd2, mr.RKey(), mr.Addr(), 1, stag.AccessRemoteWrite)
 		},
-		"Atomic":   func() { e.Atomic(pd1, mr.RKey(), mr.Addr(), placement.FetchAdd, 1, 0) },
-		"CheckSGL": func() { e.CheckSGL(pd1, sgl, stag.AccessLocalWrite) },
-		"Gather":   func() { e.Gather(pd1, sgl, 500, payload) },
-		"Scatter":  func() { e.Scatter(pd1, sgl, 500, payload) },
+		"Atomic":     func() { e.Atomic(pd1, mr.RKey(), mr.Addr(), placement.FetchAdd, 1, 0) },
+		"CheckSGL":   func() { e.CheckSGL(pd1, sgl, stag.AccessLocalWrite) },
+		"Gather":     func() { e.Gather(pd1, sgl, 500, payload) },
+		"GatherWith": func() { e.GatherWith(pd1, sgl, 500, payload, plainCopier{}) },
+		"Scatter":    func() { e.Scatter(pd1, sgl, 500, payload) },
 	} {
 		require.Zero(t, testing.AllocsPerRun(100, f), name)
 	}
 }
+
+// plainCopier is a placement.Copier that only copies.
+type plainCopier struct{}
+
+func (plainCopier) Copy(dst, src []byte) { copy(dst, src) }
+func (plainCopier) Copied([]byte)        {}
 
 func TestHostAllocErrors(t *testing.T) {
 	e := placement.New(placement.Config{})

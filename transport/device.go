@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -564,6 +565,64 @@ type txBatch struct {
 	slab []byte
 	pkts []conn.Packet
 	n    int
+	icrc icrcCopier // the ICRC of the packet being built (beginICRC)
+	// prefixes caches the ICRC prefixes of the last two (path, length)
+	// pairs: a message's packets have one or two lengths (a FIRST with a
+	// RETH, then MIDDLEs and a LAST), and the prefix is the same for all
+	// packets of a length.
+	prefixes [2]icrcPrefix
+	victim   int // the entry of prefixes to replace next
+}
+
+type icrcPrefix struct {
+	path   *path // nil: empty
+	pktLen int
+	p      wire.ICRCPrefix
+}
+
+// icrcCopier is the placement.Copier of the payload of the packet being
+// built: it advances the packet's ICRC over what it copies.
+type icrcCopier struct{ st wire.ICRCState }
+
+func (c *icrcCopier) Copy(dst, src []byte) { c.st = c.st.Copy(dst, src) }
+func (c *icrcCopier) Copied(p []byte)      { c.st = c.st.Update(p) }
+
+// beginICRC starts the ICRC of the packet buf, the batch's last, whose
+// headers (BTH and extension headers, final) are its first hdrLen bytes,
+// as the conn will send it: from the device's address and the path's
+// source port, for IPv4 ID 0 (conn.Packet.ICRCReady). The payload must
+// follow through the returned copier, then endICRC.
+func (b *txBatch) beginICRC(path *path, buf []byte, hdrLen int) *icrcCopier {
+	b.icrc.st = b.prefix(path, len(buf)).Begin(buf).Update(buf[wire.BTHSize:hdrLen])
+	return &b.icrc
+}
+
+// prefix returns the ICRC prefix of packets of pktLen bytes on path.
+func (b *txBatch) prefix(path *path, pktLen int) wire.ICRCPrefix {
+	for i := range b.prefixes {
+		if e := &b.prefixes[i]; e.path == path && e.pktLen == pktLen {
+			return e.p
+		}
+	}
+	local := b.d.conn.LocalAddr()
+	sport := path.sport
+	if sport == 0 {
+		sport = local.Port()
+	}
+	h := wire.IPHeader{Src: local.Addr(), Dst: path.dest.Addr(), DF: true}
+	e := &b.prefixes[b.victim]
+	b.victim = (b.victim + 1) % len(b.prefixes)
+	*e = icrcPrefix{path: path, pktLen: pktLen, p: wire.NewICRCPrefix(&h, sport, path.dest.Port(), pktLen)}
+	return e.p
+}
+
+// endICRC hashes the pad, from byte end of buf, stores the ICRC in the
+// trailer and marks the batch's last packet ICRCReady.
+func (b *txBatch) endICRC(buf []byte, end int) {
+	body := len(buf) - wire.ICRCSize
+	st := b.icrc.st.Update(buf[end:body])
+	binary.LittleEndian.PutUint32(buf[body:], st.Sum())
+	b.pkts[b.n-1].ICRCReady = true
 }
 
 func (b *txBatch) init(d *Device) {

@@ -238,11 +238,16 @@ func (qp *QP) sendSegment(b *txBatch, path *path, w *sendWQE) bool {
 	if info.Mask&wire.MaskIETH != 0 {
 		wire.IETH(buf[info.Offset[wire.HdrIETH]:]).SetRKey(w.wr.InvRKey)
 	}
+	// The ICRC is computed here, over the headers and then over the
+	// payload while it is copied in (it is read once for both), for IPv4
+	// ID 0; the conn corrects it for the ID the datagram gets
+	// (conn.Packet.ICRCReady).
+	c := b.beginICRC(path, buf, info.Length)
 	dst := buf[info.Length : info.Length+int(n)]
 	if w.isInline {
-		copy(dst, w.inline[r.offset:r.offset+n])
+		c.Copy(dst, w.inline[r.offset:r.offset+n])
 	} else if n > 0 {
-		if st := qp.dev.place.Gather(qp.pd, w.wr.SGL, r.offset, dst); st != placement.OK {
+		if st := qp.dev.place.GatherWith(qp.pd, w.wr.SGL, r.offset, dst, c); st != placement.OK {
 			// The MR went away under the WR: a local protection error
 			// (IBTA 10.7.2.2). Drop the packet we were building.
 			b.n--
@@ -250,6 +255,7 @@ func (qp *QP) sendSegment(b *txBatch, path *path, w *sendWQE) bool {
 			return false
 		}
 	}
+	b.endICRC(buf, info.Length+int(n))
 	qp.countTx(psn, 1)
 	r.psn = r.psn.Add(1)
 	r.offset += n

@@ -74,6 +74,15 @@ type Packet struct {
 	// longer held when it leaves (released while the packet waited in a
 	// delay impairment, say) goes from the conn's own port.
 	SrcPort uint16
+	// ICRCReady says that the trailer already holds the packet's ICRC for
+	// IPv4 ID 0 (IPv6: the ICRC), computed with the IP header fields the
+	// conn sends with (its address, Addr's, DF) from SrcPort (0: the
+	// conn's own) to Addr's port, typically while the payload was copied
+	// in (wire.ICRCState.Copy). Send then corrects it for the IPv4 ID the
+	// datagram leaves with (wire.SetICRCID) instead of hashing the packet
+	// again; a packet that would leave from another port than SrcPort
+	// (no longer held) is hashed again.
+	ICRCReady bool
 }
 
 // IPInfo is the part of a received datagram's IP header that its addresses
@@ -101,8 +110,9 @@ const (
 type Conn interface {
 	// Send sends pkts in order. It computes every packet's ICRC in place
 	// (so each Buf must have room for the trailer and no two Bufs may
-	// overlap) and may coalesce runs of same-destination packets into one
-	// UDP GSO send. The conn does not keep the Bufs after Send returns.
+	// overlap), or corrects a ready one for the IPv4 ID the datagram gets
+	// (Packet.ICRCReady), and may coalesce runs of same-destination
+	// packets into one UDP GSO send. The conn does not keep the Bufs after Send returns.
 	// A packet shorter than MinPacketSize or longer than MaxPacketSize, or
 	// with an address of the wrong family, makes Send fail before anything
 	// is sent. A datagram the kernel refuses (EMSGSIZE, ...) is skipped and

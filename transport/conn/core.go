@@ -7,7 +7,6 @@ import (
 	"net/netip"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/softrdma/softrdma/transport/wire"
@@ -21,10 +20,14 @@ type item struct {
 	// sport is the UDP source port to send from; 0: the conn's own.
 	sport uint16
 
-	id      uint16 // receive: the IPv4 ID the ICRC verified with
-	ip      IPInfo // receive: the rest of the IP header that is known (TTL, TOS, flow label)
-	corrupt bool   // flip buf[pos] ^= mask: after the ICRC (send), before delivery (receive)
-	flipped bool   // send: the flip is applied (undo it before recomputing the ICRC)
+	id uint16 // receive: the IPv4 ID the ICRC verified with
+	ip IPInfo // receive: the rest of the IP header that is known (TTL, TOS, flow label)
+	// send: the trailer holds the ICRC for IPv4 ID icrcID (Packet.ICRCReady
+	// with ID 0, or computed by finishTx), so a new ID only corrects it.
+	icrc    bool
+	icrcID  uint16
+	corrupt bool // flip buf[pos] ^= mask: after the ICRC (send), before delivery (receive)
+	flipped bool // send: the flip is applied (undo it before recomputing the ICRC)
 	pos     int32
 	mask    byte
 }
@@ -42,9 +45,9 @@ type tapBox struct{ t Tap }
 
 // srcPort is a source port held with AcquireSourcePort.
 type srcPort struct {
-	holds int             // AcquireSourcePort calls not yet released
-	sock  io.Closer       // UDPConn: the socket bound to the port; nil for a pipe
-	rc    syscall.RawConn // UDPConn: the socket's, for sendmmsg
+	holds int       // AcquireSourcePort calls not yet released
+	sock  io.Closer // UDPConn: the socket bound to the port; nil for a pipe
+	fd    int       // UDPConn: the socket's descriptor, for sendmmsg
 }
 
 // core is the pipeline shared by UDPConn and PipeConn: impairment, ICRC,
@@ -73,6 +76,14 @@ type core struct {
 	// txMu.
 	srcMu sync.Mutex
 	src   map[uint16]*srcPort
+	// srcLast caches srcPortOf's last lookup (a map lookup per packet
+	// is measurable: one QP's packets all carry the same port). Guarded
+	// by txMu; every write of src clears it.
+	srcLast struct {
+		port  uint16
+		held  bool
+		valid bool
+	}
 	// openSrc opens the backend's socket for a source port (nil: none is
 	// needed, the pipe). Called with srcMu held.
 	openSrc func(port uint16) (*srcPort, error)
@@ -145,6 +156,7 @@ func (c *core) AcquireSourcePort(port uint16) error {
 	s.holds = 1
 	c.txMu.Lock()
 	c.src[port] = s
+	c.srcLast.valid = false
 	c.txMu.Unlock()
 	return nil
 }
@@ -165,6 +177,7 @@ func (c *core) ReleaseSourcePort(port uint16) {
 	}
 	c.txMu.Lock()
 	delete(c.src, port)
+	c.srcLast.valid = false
 	c.txMu.Unlock()
 	if s.sock != nil {
 		_ = s.sock.Close()
@@ -190,6 +203,7 @@ func (c *core) closeSourcePorts() {
 	c.txMu.Lock()
 	ports := c.src
 	c.src = map[uint16]*srcPort{}
+	c.srcLast.valid = false
 	c.txMu.Unlock()
 	for _, s := range ports {
 		if s.sock != nil {
@@ -202,7 +216,13 @@ func (c *core) closeSourcePorts() {
 // 0 (the conn's own) for 0, the conn's own port or a port not held.
 // Called with txMu held.
 func (c *core) srcPortOf(port uint16) uint16 {
-	if port == c.local.Port() || c.src[port] == nil {
+	if port == 0 || port == c.local.Port() {
+		return 0
+	}
+	if l := &c.srcLast; !l.valid || l.port != port {
+		l.port, l.held, l.valid = port, c.src[port] != nil, true
+	}
+	if !c.srcLast.held {
 		return 0
 	}
 	return port
@@ -259,7 +279,10 @@ func (c *core) send(pkts []Packet) error {
 			clear(in)
 			return ErrAddressFamily
 		}
-		in = append(in, item{buf: p.Buf, addr: a, sport: c.srcPortOf(p.SrcPort)})
+		sport := c.srcPortOf(p.SrcPort)
+		// A ready ICRC holds for the port the caller meant.
+		ready := p.ICRCReady && (sport != 0 || p.SrcPort == 0 || p.SrcPort == c.local.Port())
+		in = append(in, item{buf: p.Buf, addr: a, sport: sport, icrc: ready})
 	}
 	c.tx.begin(c.impair.Load())
 	if c.tx.idle() {
@@ -292,8 +315,9 @@ func (c *core) release(items []item) {
 	clear(items)
 }
 
-// finishTx computes the ICRC of a packet about to be sent with IPv4 ID id,
-// applies a pending corruption and shows it to the tap.
+// finishTx computes the ICRC of a packet about to be sent with IPv4 ID id
+// (or corrects the one it has for another ID), applies a pending
+// corruption and shows it to the tap.
 func (c *core) finishTx(it *item, id uint16) {
 	if !c.is4 {
 		id = 0
@@ -306,9 +330,17 @@ func (c *core) finishTx(it *item, id uint16) {
 	if it.sport != 0 {
 		src = netip.AddrPortFrom(c.local.Addr(), it.sport)
 	}
-	if !c.noICRC {
+	switch {
+	case c.noICRC:
+	case it.icrc:
+		if it.icrcID != id {
+			wire.SetICRCID(it.buf, it.icrcID, id)
+			it.icrcID = id
+		}
+	default:
 		h := wire.IPHeader{Src: src.Addr(), Dst: it.addr.Addr(), ID: id, DF: true}
 		wire.PutICRC(&h, src.Port(), it.addr.Port(), it.buf)
+		it.icrc, it.icrcID = true, id
 	}
 	if it.corrupt {
 		it.buf[it.pos] ^= it.mask

@@ -6,7 +6,6 @@ import (
 	"golang.org/x/net/ipv4"
 	"golang.org/x/net/ipv6"
 
-	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -66,7 +65,8 @@ type UDPConn struct {
 	sN     int // messages sent
 	sErr   unix.Errno
 	sendFn func(fd uintptr) bool
-	sRC    syscall.RawConn // the socket of the sendmmsg call
+	sRC    syscall.RawConn // the socket of the sendmmsg call (sFd < 0)
+	sFd    int             // or a source port's blocking socket
 	// sorted and sports are emitBatch's scratch for a batch from several
 	// source ports.
 	sorted []item
@@ -248,10 +248,28 @@ const srcRcvBuf = 0
 // buffer, so that its datagrams differ from the conn's own only in the
 // source port (IPv4 ID 0 included). It is only written to, by emitBatch's
 // sendmmsg with the same messages, GSO included. (AcquireSourcePort)
+//
+// The socket is a plain blocking one, outside Go's netpoller: nothing
+// ever waits on it. A socket in the netpoller's epoll set has a waiter
+// (the epoll entry), and the kernel wakes it for EPOLLOUT each time it
+// frees a datagram the socket sent (sock_wfree -> sock_def_write_space:
+// a wait-queue lock with interrupts saved and restored, per datagram, in
+// the sender's sendmmsg on loopback, and a wake-up of the netpoller's
+// thread if it sleeps in epoll_wait) for no goroutine. A send that finds
+// this socket's buffer full blocks its thread instead, which the runtime
+// replaces while it waits (the buffer is as large as the conn's; on
+// loopback it never fills).
 func (c *UDPConn) openSourcePort(port uint16) (*srcPort, error) {
-	network := "udp4"
-	if !c.is4 {
-		network = "udp6"
+	var family int
+	var sa unix.Sockaddr
+	if c.is4 {
+		family, sa = unix.AF_INET, &unix.SockaddrInet4{Port: int(port), Addr: c.bindIP.As4()}
+	} else {
+		family, sa = unix.AF_INET6, &unix.SockaddrInet6{Port: int(port), Addr: c.bindIP.As16(), ZoneId: c.scopeID}
+	}
+	fd, err := unix.Socket(family, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.IPPROTO_UDP)
+	if err != nil {
+		return nil, os.NewSyscallError("socket", err)
 	}
 	// SO_REUSEPORT: conns of this host that send from the same IP and
 	// port share it (two devices on 127.0.0.1 whose QPs 0x11 connect to
@@ -261,50 +279,53 @@ func (c *UDPConn) openSourcePort(port uint16) (*srcPort, error) {
 	// bound without it, can be taken, nor can a port another program
 	// holds. Nothing is read from these sockets: that the kernel would
 	// spread datagrams sent to the port among them does not matter.
-	lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
-		var serr error
-		if err := rc.Control(func(fd uintptr) {
-			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
-		}); err != nil {
-			return err
-		}
-		return serr
-	}}
-	pconn, err := lc.ListenPacket(context.Background(), network, netip.AddrPortFrom(c.bindIP, port).String())
-	if err != nil {
-		return nil, err
-	}
-	pc := pconn.(*net.UDPConn)
-	rc, err := pc.SyscallConn()
-	if err == nil {
-		cerr := rc.Control(func(fd uintptr) {
-			s := int(fd)
-			if err = c.setDF(s); err != nil {
-				return
-			}
-			_ = unix.SetsockoptInt(s, unix.SOL_SOCKET, unix.SO_RCVBUF, srcRcvBuf)
-			// The send buffer as the conn's, without the warnings (the
-			// conn's socket has given them).
-			want := c.cfgSndBuf
-			if want == 0 {
-				want = DefaultSocketBuffer
-			}
-			if want > 0 && unix.SetsockoptInt(s, unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, want/2) != nil {
-				_ = unix.SetsockoptInt(s, unix.SOL_SOCKET, unix.SO_SNDBUF, want/2)
-			}
-		})
-		if err == nil {
-			err = cerr
-		}
-	}
-	if err == nil {
-		err = c.setTTLTOS(pc)
+	if err = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEPORT, 1); err != nil {
+		err = os.NewSyscallError("setsockopt SO_REUSEPORT", err)
+	} else if err = unix.Bind(fd, sa); err != nil {
+		err = os.NewSyscallError("bind", err)
+	} else if err = c.setDF(fd); err == nil {
+		err = c.setTTLTOSFd(fd)
 	}
 	if err != nil {
-		pc.Close()
+		unix.Close(fd)
 		return nil, err
 	}
-	return &srcPort{sock: pc, rc: rc}, nil
+	_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, srcRcvBuf)
+	// The send buffer as the conn's, without the warnings (the conn's
+	// socket has given them).
+	want := c.cfgSndBuf
+	if want == 0 {
+		want = DefaultSocketBuffer
+	}
+	if want > 0 && unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, want/2) != nil {
+		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUF, want/2)
+	}
+	return &srcPort{sock: fdCloser(fd), fd: fd}, nil
+}
+
+// fdCloser closes a file descriptor.
+type fdCloser int
+
+func (f fdCloser) Close() error { return unix.Close(int(f)) }
+
+// setTTLTOSFd is setTTLTOS for a socket outside the netpoller.
+func (c *UDPConn) setTTLTOSFd(fd int) error {
+	if c.is4 {
+		if err := unix.SetsockoptInt(fd, unix.IPPROTO_IP, unix.IP_TTL, 64); err != nil {
+			return fmt.Errorf("set IP_TTL: %w", err)
+		}
+		if err := unix.SetsockoptInt(fd, unix.IPPROTO_IP, unix.IP_TOS, 0); err != nil {
+			return fmt.Errorf("set IP_TOS: %w", err)
+		}
+		return nil
+	}
+	if err := unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_UNICAST_HOPS, 64); err != nil {
+		return fmt.Errorf("set IPV6_UNICAST_HOPS: %w", err)
+	}
+	if err := unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_TCLASS, 0); err != nil {
+		return fmt.Errorf("set IPV6_TCLASS: %w", err)
+	}
+	return nil
 }
 
 // ipv6FlowInfo is IPV6_FLOWINFO (linux/in6.h), which golang.org/x/sys
@@ -489,10 +510,10 @@ func (c *UDPConn) emitBatch(items []item) error {
 // emitFrom sends items, whose source port is port, through the socket of
 // that port (the conn's own for 0, or if the port is no longer held).
 func (c *UDPConn) emitFrom(port uint16, items []item) error {
-	c.sRC = c.rc
+	c.sRC, c.sFd = c.rc, -1
 	if port != 0 {
 		if s := c.src[port]; s != nil {
-			c.sRC = s.rc
+			c.sFd = s.fd
 		} else {
 			for i := range items {
 				items[i].sport = 0
@@ -613,7 +634,11 @@ func (c *UDPConn) putName(sa *unix.RawSockaddrInet6, a netip.AddrPort) uint32 {
 func (c *UDPConn) sendMessages(nm int) (resume, failed int, err error) {
 	for sent := 0; sent < nm; {
 		c.sOff, c.sCnt = sent, nm-sent
-		if werr := c.sRC.Write(c.sendFn); werr != nil {
+		if c.sFd >= 0 {
+			// A blocking socket: sendmmsg waits for room itself.
+			for !c.sendmmsg(uintptr(c.sFd)) {
+			}
+		} else if werr := c.sRC.Write(c.sendFn); werr != nil {
 			return -1, failed, werr
 		}
 		for _, r := range c.sruns[sent : sent+c.sN] {

@@ -94,6 +94,21 @@ func TestUDPIPv6RoundTrip(t *testing.T) {
 		require.Equal(t, a.LocalAddr(), got[i].from)
 	}
 	require.Zero(t, b.Stats().BadICRC.Load())
+	// And from a held source port (its own socket, bound to ::1).
+	sport := freePorts(t, 1)[0]
+	require.NoError(t, a.AcquireSourcePort(sport))
+	defer a.ReleaseSourcePort(sport)
+	for i := range pkts {
+		pkts[i].SrcPort = sport
+	}
+	require.NoError(t, a.Send(pkts))
+	got = receiveN(t, b, len(pkts), 5*time.Second)
+	require.Len(t, got, len(pkts))
+	for i := range got {
+		require.Equal(t, pkts[i].Buf, got[i].buf)
+		require.Equal(t, netip.AddrPortFrom(a.LocalAddr().Addr(), sport), got[i].from)
+	}
+	require.Zero(t, b.Stats().BadICRC.Load())
 	// An IPv4 destination is refused before anything is sent.
 	require.ErrorIs(t, a.Send([]conn.Packet{{Buf: newPacket(0, 64), Addr: netip.MustParseAddrPort("127.0.0.1:4791")}}), conn.ErrAddressFamily)
 }
@@ -275,4 +290,78 @@ func TestListenWarnsWhenBufferNotObtained(t *testing.T) {
 	require.Contains(t, logs[0], "socket receive buffer is")
 	require.Contains(t, logs[0], "net.core.rmem_max")
 	t.Log(logs[0])
+}
+
+// A packet whose ICRC the caller computed for IPv4 ID 0 (Packet.ICRCReady)
+// leaves with the ICRC of the ID it is sent with, in GSO batches and
+// without, from the conn's own port and from a held source port; a ready
+// ICRC for a port that is not held is computed again for the port used.
+func TestUDPICRCReady(t *testing.T) {
+	for _, gso := range []bool{true, false} {
+		t.Run(fmt.Sprintf("gso=%v", gso), func(t *testing.T) {
+			goroutineLeakCheck(t)
+			tap := &exactICRCTap{}
+			a := listen(t, conn.Config{DisableGSO: !gso, Tap: tap})
+			b := listen(t, conn.Config{})
+			const held = 49441
+			if err := a.AcquireSourcePort(held); err != nil {
+				t.Skipf("source port %d: %v", held, err)
+			}
+			defer a.ReleaseSourcePort(held)
+			ready := func(seq uint32, size int, sport uint16) conn.Packet {
+				buf := newPacket(seq, size)
+				from := sport
+				if from == 0 {
+					from = a.LocalAddr().Port()
+				}
+				h := wire.IPHeader{Src: a.LocalAddr().Addr(), Dst: b.LocalAddr().Addr(), DF: true}
+				wire.PutICRC(&h, from, b.LocalAddr().Port(), buf)
+				return conn.Packet{Buf: buf, Addr: b.LocalAddr(), SrcPort: sport, ICRCReady: true}
+			}
+			var pkts []conn.Packet
+			seq := uint32(0)
+			for _, sport := range []uint16{0, held, 49442} { // 49442 is not held
+				for range 20 {
+					pkts = append(pkts, ready(seq, 1000, sport))
+					seq++
+				}
+			}
+			require.NoError(t, a.Send(pkts))
+			got := receiveN(t, b, len(pkts), 5*time.Second)
+			require.Len(t, got, len(pkts))
+			require.Zero(t, b.Stats().BadICRC.Load())
+			tap.mu.Lock()
+			defer tap.mu.Unlock()
+			require.Equal(t, len(pkts), tap.n)
+			require.Zero(t, tap.bad, "datagrams whose ICRC is not the one of the IPv4 ID and port they left with")
+			if gso {
+				require.NotZero(t, a.Stats().GSOBatches.Load())
+				require.NotZero(t, tap.nonZeroID, "no datagram left with an ID other than 0")
+			}
+		})
+	}
+}
+
+// exactICRCTap checks the ICRC of every datagram sent with the exact IPv4
+// ID and ports it leaves with.
+type exactICRCTap struct {
+	mu                sync.Mutex
+	n, bad, nonZeroID int
+}
+
+func (e *exactICRCTap) Packet(dir conn.Direction, src, dst netip.AddrPort, id uint16, roce []byte) {
+	if dir != conn.DirTx {
+		return
+	}
+	h := wire.IPHeader{Src: src.Addr(), Dst: dst.Addr(), ID: id, DF: true}
+	ok := wire.VerifyICRCExact(&h, src.Port(), dst.Port(), roce)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.n++
+	if !ok {
+		e.bad++
+	}
+	if id != 0 {
+		e.nonZeroID++
+	}
 }

@@ -15,6 +15,12 @@ import (
 //go:noescape
 func crc32VPCLMUL(crc uint32, p []byte) uint32
 
+// crc32VPCLMULCopy is crc32VPCLMUL that also copies the bytes it hashes
+// (the first len(p)&^15) into dst, which must be at least that long.
+//
+//go:noescape
+func crc32VPCLMULCopy(crc uint32, dst, p []byte) uint32
+
 // cpuid executes CPUID with EAX=eaxArg and ECX=ecxArg.
 func cpuid(eaxArg, ecxArg uint32) (eax, ebx, ecx, edx uint32)
 
@@ -54,5 +60,24 @@ func crc32Update(crc uint32, p []byte) uint32 {
 		s = crc32VPCLMUL(s, p[:n])
 		p = p[n:]
 	}
+	return ^crcUpdate(s, p)
+}
+
+// crc32UpdateCopy copies p into dst (at least as long) and returns
+// crc32Update(crc, p), loading each byte once where the CPU has the
+// 256-bit fold.
+func crc32UpdateCopy(crc uint32, dst, p []byte) uint32 {
+	if !hasVPCLMUL {
+		copy(dst, p)
+		return crc32.Update(crc, crc32.IEEETable, p)
+	}
+	dst = dst[:len(p)]
+	s := ^crc
+	if len(p) >= crc32VPCLMULMin {
+		n := len(p) &^ 15
+		s = crc32VPCLMULCopy(s, dst[:n], p[:n])
+		p, dst = p[n:], dst[n:]
+	}
+	copy(dst, p)
 	return ^crcUpdate(s, p)
 }

@@ -194,6 +194,184 @@ empty:
 	MOVL AX, ret+32(FP)
 	RET
 
+// func crc32VPCLMULCopy(crc uint32, dst, p []byte) uint32
+//
+// crc32VPCLMUL that also copies what it hashes into dst (len(dst) >=
+// len(p)&^15): each block is loaded once, stored to dst and folded, so
+// the copy costs no second pass over p. Registers as crc32VPCLMUL, plus DI
+// the destination and Y9-Y12 the loaded blocks.
+TEXT ·crc32VPCLMULCopy(SB), NOSPLIT, $0-60
+	MOVL crc+0(FP), AX
+	MOVQ p_base+32(FP), SI
+	MOVQ dst_base+8(FP), DI
+	MOVQ p_len+40(FP), CX
+	ANDQ $-16, CX
+	JZ   empty
+
+	// X0 = crc, zero elsewhere (the VEX move clears bits 32..255).
+	VMOVD AX, X0
+
+	CMPQ CX, $32
+	JB   start16
+	CMPQ CX, $128
+	JB   start32
+
+	// Four 256-bit accumulators: 128 bytes, eight 128-bit lanes.
+	VMOVDQU (SI), Y1
+	VMOVDQU Y1, (DI)
+	VMOVDQU 32(SI), Y2
+	VMOVDQU Y2, 32(DI)
+	VMOVDQU 64(SI), Y3
+	VMOVDQU Y3, 64(DI)
+	VMOVDQU 96(SI), Y4
+	VMOVDQU Y4, 96(DI)
+	VPXOR   Y0, Y1, Y1
+	ADDQ    $128, SI
+	ADDQ    $128, DI
+	SUBQ    $128, CX
+	VBROADCASTI128 crcK1024<>(SB), Y0
+	CMPQ    CX, $128
+	JB      reduce4
+
+	PCALIGN $32
+loop128:
+	VPCLMULQDQ $0x00, Y0, Y1, Y5
+	VPCLMULQDQ $0x11, Y0, Y1, Y1
+	VPCLMULQDQ $0x00, Y0, Y2, Y6
+	VPCLMULQDQ $0x11, Y0, Y2, Y2
+	VPCLMULQDQ $0x00, Y0, Y3, Y7
+	VPCLMULQDQ $0x11, Y0, Y3, Y3
+	VPCLMULQDQ $0x00, Y0, Y4, Y8
+	VPCLMULQDQ $0x11, Y0, Y4, Y4
+	VMOVDQU    (SI), Y9
+	VMOVDQU    Y9, (DI)
+	VPXOR      Y9, Y5, Y5
+	VMOVDQU    32(SI), Y10
+	VMOVDQU    Y10, 32(DI)
+	VPXOR      Y10, Y6, Y6
+	VMOVDQU    64(SI), Y11
+	VMOVDQU    Y11, 64(DI)
+	VPXOR      Y11, Y7, Y7
+	VMOVDQU    96(SI), Y12
+	VMOVDQU    Y12, 96(DI)
+	VPXOR      Y12, Y8, Y8
+	VPXOR      Y5, Y1, Y1
+	VPXOR      Y6, Y2, Y2
+	VPXOR      Y7, Y3, Y3
+	VPXOR      Y8, Y4, Y4
+	ADDQ       $128, SI
+	ADDQ       $128, DI
+	SUBQ       $128, CX
+	CMPQ       CX, $128
+	JAE        loop128
+
+reduce4:
+	// Fold Y1 into Y2, Y2 into Y3, Y3 into Y4: each lane across 32 bytes.
+	VBROADCASTI128 crcK256<>(SB), Y0
+	VPCLMULQDQ $0x00, Y0, Y1, Y5
+	VPCLMULQDQ $0x11, Y0, Y1, Y1
+	VPXOR      Y5, Y2, Y2
+	VPXOR      Y1, Y2, Y2
+	VPCLMULQDQ $0x00, Y0, Y2, Y5
+	VPCLMULQDQ $0x11, Y0, Y2, Y2
+	VPXOR      Y5, Y3, Y3
+	VPXOR      Y2, Y3, Y3
+	VPCLMULQDQ $0x00, Y0, Y3, Y5
+	VPCLMULQDQ $0x11, Y0, Y3, Y3
+	VPXOR      Y5, Y4, Y4
+	VPXOR      Y3, Y4, Y1
+	JMP        loop32
+
+start32:
+	// One 256-bit accumulator: 32 bytes.
+	VMOVDQU (SI), Y1
+	VMOVDQU Y1, (DI)
+	VPXOR   Y0, Y1, Y1
+	ADDQ    $32, SI
+	ADDQ    $32, DI
+	SUBQ    $32, CX
+	VBROADCASTI128 crcK256<>(SB), Y0
+
+loop32:
+	CMPQ       CX, $32
+	JB         reduce2
+	VPCLMULQDQ $0x00, Y0, Y1, Y5
+	VPCLMULQDQ $0x11, Y0, Y1, Y1
+	VMOVDQU    (SI), Y9
+	VMOVDQU    Y9, (DI)
+	VPXOR      Y9, Y5, Y5
+	VPXOR      Y5, Y1, Y1
+	ADDQ       $32, SI
+	ADDQ       $32, DI
+	SUBQ       $32, CX
+	JMP        loop32
+
+reduce2:
+	// Fold the low lane of Y1 into the high lane: across 16 bytes.
+	VMOVDQU       crcK128<>(SB), X0
+	VEXTRACTI128  $1, Y1, X2
+	VPCLMULQDQ    $0x00, X0, X1, X5
+	VPCLMULQDQ    $0x11, X0, X1, X1
+	VPXOR         X5, X2, X2
+	VPXOR         X2, X1, X1
+	JMP           loop16
+
+start16:
+	VMOVDQU (SI), X1
+	VMOVDQU X1, (DI)
+	VPXOR   X0, X1, X1
+	ADDQ    $16, SI
+	ADDQ    $16, DI
+	SUBQ    $16, CX
+	VMOVDQU crcK128<>(SB), X0
+
+loop16:
+	CMPQ       CX, $16
+	JB         reduce
+	VPCLMULQDQ $0x00, X0, X1, X5
+	VPCLMULQDQ $0x11, X0, X1, X1
+	VMOVDQU    (SI), X9
+	VMOVDQU    X9, (DI)
+	VPXOR      X9, X5, X5
+	VPXOR      X5, X1, X1
+	ADDQ       $16, SI
+	ADDQ       $16, DI
+	SUBQ       $16, CX
+	JMP        loop16
+
+reduce:
+	// X1 = H (low half) : L (high half). Z1 = H*x^96 + L*x^32: the product
+	// of the low halves, XOR L moved up 4 bytes (into bits 32..95).
+	VMOVDQU    crcKReduce<>(SB), X0
+	VPCLMULQDQ $0x00, X0, X1, X5
+	VPSRLDQ    $8, X1, X2          // L in the low half
+	VPSLLDQ    $4, X2, X2          // L in bits 32..95
+	VPXOR      X2, X5, X5          // Z1, bits 0..31 clear
+
+	// Z2 = G*x^64 + M: Z1's low half times x^63's constant (the high
+	// half of X0), XOR Z1; the result is the high half.
+	VPCLMULQDQ $0x10, X0, X5, X6   // X5 low half * X0 high half
+	VPXOR      X5, X6, X6
+	VPSRLDQ    $8, X6, X6          // T = Z2 in the low half
+
+	// Barrett: q = low 32 bits of T1*mu, T1 the low 32 bits of T; the CRC
+	// is bits 32..63 of T XOR q*P.
+	VMOVDQU    crcBarrett<>(SB), X0
+	VPXOR      X7, X7, X7
+	VPBLENDD   $1, X6, X7, X7      // T1: dword 0 of T, zero elsewhere
+	VPCLMULQDQ $0x10, X0, X7, X7   // T1 * mu
+	VPXOR      X8, X8, X8
+	VPBLENDD   $1, X7, X8, X8      // q
+	VPCLMULQDQ $0x00, X0, X8, X8   // q * P
+	VPXOR      X6, X8, X8
+	VPEXTRD    $1, X8, AX
+
+	VZEROUPPER
+
+empty:
+	MOVL AX, ret+56(FP)
+	RET
+
 // func cpuid(eaxArg, ecxArg uint32) (eax, ebx, ecx, edx uint32)
 TEXT ·cpuid(SB), NOSPLIT, $0-24
 	MOVL eaxArg+0(FP), AX

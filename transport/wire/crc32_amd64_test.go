@@ -42,3 +42,38 @@ func TestCRC32VPCLMULDirect(t *testing.T) {
 func TestCRC32Features(t *testing.T) {
 	t.Logf("hasVPCLMUL = %v", hasVPCLMUL)
 }
+
+// crc32VPCLMULCopy hashes what crc32VPCLMUL hashes and copies exactly
+// those bytes, at every length up to 4 KiB and misaligned sources and
+// destinations; the bytes around the copied range are left alone.
+func TestCRC32VPCLMULCopy(t *testing.T) {
+	if !hasVPCLMUL {
+		t.Skip("no AVX2 + VPCLMULQDQ")
+	}
+	r := rand.New(rand.NewPCG(23, 23))
+	src := randBytes(r, 64+4096+15)
+	dst := make([]byte, 64+4096+32)
+	for _, off := range []int{0, 1, 7, 8, 16, 31, 32, 63} {
+		for l := 0; l <= 4096+15; l += 1 + r.IntN(24) {
+			doff := (off * 5) % 33
+			for i := range dst {
+				dst[i] = 0xa5
+			}
+			s := r.Uint32()
+			n := l &^ 15
+			want := ^crc32.Update(^s, crc32.IEEETable, src[off:off+n])
+			got := crc32VPCLMULCopy(s, dst[doff:doff+l], src[off:off+l])
+			if got != want {
+				t.Fatalf("offset %d, length %d: crc %#x, want %#x", off, l, got, want)
+			}
+			if string(dst[doff:doff+n]) != string(src[off:off+n]) {
+				t.Fatalf("offset %d, length %d: copy differs", off, l)
+			}
+			for i, b := range dst {
+				if (i < doff || i >= doff+n) && b != 0xa5 {
+					t.Fatalf("offset %d, length %d: byte %d outside the copy written", off, l, i)
+				}
+			}
+		}
+	}
+}

@@ -11,3 +11,10 @@ const hasVPCLMUL = false
 func crc32Update(crc uint32, p []byte) uint32 {
 	return crc32.Update(crc, crc32.IEEETable, p)
 }
+
+// crc32UpdateCopy copies p into dst (at least as long) and returns
+// crc32Update(crc, p).
+func crc32UpdateCopy(crc uint32, dst, p []byte) uint32 {
+	copy(dst, p)
+	return crc32.Update(crc, crc32.IEEETable, p)
+}

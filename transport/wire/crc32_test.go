@@ -143,3 +143,21 @@ func BenchmarkCRC32(b *testing.B) {
 		})
 	}
 }
+
+// crc32UpdateCopy is copy plus crc32Update, at every length that selects
+// a different path (short, bulk and tail).
+func TestCRC32UpdateCopy(t *testing.T) {
+	r := rand.New(rand.NewPCG(24, 24))
+	src := randBytes(r, 5000)
+	for _, l := range []int{0, 1, 15, 16, 31, 32, 33, 100, 127, 128, 129, 4095, 4096, 4097, 5000} {
+		dst := make([]byte, l+8)
+		c := r.Uint32()
+		got := crc32UpdateCopy(c, dst, src[:l])
+		if want := crc32.Update(c, crc32.IEEETable, src[:l]); got != want {
+			t.Fatalf("length %d: crc %#x, want %#x", l, got, want)
+		}
+		if string(dst[:l]) != string(src[:l]) || string(dst[l:]) != "\x00\x00\x00\x00\x00\x00\x00\x00" {
+			t.Fatalf("length %d: copy wrong", l)
+		}
+	}
+}

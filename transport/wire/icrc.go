@@ -293,6 +293,99 @@ func ComputeICRC(h *IPHeader, srcPort, dstPort uint16, roce []byte) uint32 {
 	return crcFinish(s, roce[8:])
 }
 
+// ICRCPrefix is the ICRC's state over the part of the covered bytes that
+// depends only on the IP and UDP headers (addresses, ports, IPv4 ID and
+// DF, and the length), not on the packet: a sender that builds many
+// packets of one length to one destination computes it once and begins
+// each packet's ICRC from it (Begin).
+type ICRCPrefix struct {
+	s      uint32 // the register after the header words that do not cover the BTH
+	udpLen uint16 // IPv4: the UDP length, hashed with the first BTH bytes
+	v6     bool
+}
+
+// NewICRCPrefix returns the prefix of the ICRC of packets whose UDP
+// payload, ICRC included, is pktLen bytes, sent with the IP header fields
+// h from srcPort to dstPort. The header words are ComputeICRC's, which
+// keeps its own straight-line copy for the receive path;
+// TestICRCStateMatchesComputeICRC checks that the two agree.
+func NewICRCPrefix(h *IPHeader, srcPort, dstPort uint16, pktLen int) ICRCPrefix {
+	udpLen := uint16(8 + pktLen)
+	s := icrcSeed
+	if src := h.Src.Unmap(); src.Is4() {
+		var flags uint64
+		if h.DF {
+			flags = 0x40
+		}
+		sa, da := src.As4(), h.Dst.Unmap().As4()
+		// Version/IHL, TOS=ff, total length, ID, flags + fragment offset.
+		s = crcWord(s, 0x45|0xff<<8|be16(20+udpLen)<<16|be16(h.ID)<<32|flags<<48)
+		// TTL=ff, protocol 17, checksum=ffff, source address.
+		s = crcWord(s, 0xff|17<<8|0xffff<<16|uint64(binary.LittleEndian.Uint32(sa[:]))<<32)
+		// Destination address, UDP ports.
+		s = crcWord(s, uint64(binary.LittleEndian.Uint32(da[:]))|be16(srcPort)<<32|be16(dstPort)<<48)
+		return ICRCPrefix{s: s, udpLen: udpLen}
+	}
+	sa, da := h.Src.As16(), h.Dst.As16()
+	// Version 6, traffic class and flow label all ones, payload length,
+	// next header 17, hop limit ff.
+	s = crcWord(s, 0x6f|0xffffff<<8|be16(udpLen)<<32|17<<48|0xff<<56)
+	s = crcWord(s, binary.LittleEndian.Uint64(sa[0:]))
+	s = crcWord(s, binary.LittleEndian.Uint64(sa[8:]))
+	s = crcWord(s, binary.LittleEndian.Uint64(da[0:]))
+	s = crcWord(s, binary.LittleEndian.Uint64(da[8:]))
+	s = crcWord(s, be16(srcPort)|be16(dstPort)<<16|be16(udpLen)<<32|0xffff<<48)
+	return ICRCPrefix{s: s, v6: true}
+}
+
+// Begin starts the ICRC of one packet of the prefix's headers and length,
+// whose BTH (final: the ICRC covers it) is the first BTHSize bytes of bth.
+// The rest of the packet, from the end of the BTH to the trailer, must
+// follow through Update and Copy.
+func (p ICRCPrefix) Begin(bth []byte) ICRCState {
+	_ = bth[BTHSize-1]
+	if !p.v6 {
+		// UDP length, checksum=ffff, BTH bytes 0-3.
+		s := crcWord(p.s, be16(p.udpLen)|0xffff<<16|uint64(binary.LittleEndian.Uint32(bth))<<32)
+		// BTH bytes 4-11 with byte 4 (FECN, BECN, Resv6) all ones.
+		return ICRCState(crcWord(s, binary.LittleEndian.Uint64(bth[4:])|0xff))
+	}
+	s := crcWord(p.s, binary.LittleEndian.Uint64(bth)|0xff<<32)
+	return ICRCState(crcUpdate(s, bth[8:BTHSize]))
+}
+
+// ICRCState is the ICRC of a packet that is being built: begun over the
+// headers by BeginICRC, advanced over the rest of the packet in order by
+// Update and Copy, and read by Sum. A requester uses it to hash the
+// payload while it copies it into the packet (Copy), so the payload is
+// read once for both; the result is ComputeICRC's for the same packet.
+type ICRCState uint32 // the CRC register, before the final inversion
+
+// BeginICRC starts the ICRC of a packet whose UDP payload, ICRC trailer
+// included, is pktLen bytes, sent with the IP header fields h between
+// srcPort and dstPort, and whose BTH (final: the ICRC covers it) is the
+// first BTHSize bytes of bth. The rest of the packet, from the end of the
+// BTH to the trailer, must follow through Update and Copy.
+func BeginICRC(h *IPHeader, srcPort, dstPort uint16, pktLen int, bth []byte) ICRCState {
+	return NewICRCPrefix(h, srcPort, dstPort, pktLen).Begin(bth)
+}
+
+// Update advances the ICRC over the next bytes of the packet, p.
+func (st ICRCState) Update(p []byte) ICRCState {
+	return ICRCState(^crcFinish(uint32(st), p))
+}
+
+// Copy copies src into dst (which must be at least as long) and advances
+// the ICRC over it, as the next bytes of the packet. Where the CPU has the
+// 256-bit carry-less multiply it loads each byte once for both.
+func (st ICRCState) Copy(dst, src []byte) ICRCState {
+	return ICRCState(^crc32UpdateCopy(^uint32(st), dst, src))
+}
+
+// Sum returns the ICRC of the bytes seen, the value that goes into the
+// trailer (binary.LittleEndian.PutUint32, as PutICRC stores it).
+func (st ICRCState) Sum() uint32 { return ^uint32(st) }
+
 // PacketICRC returns the ICRC stored in the last 4 bytes of pkt.
 func PacketICRC(pkt []byte) uint32 {
 	return binary.LittleEndian.Uint32(pkt[len(pkt)-ICRCSize:])

@@ -198,6 +198,45 @@ func TestICRCWithID(t *testing.T) {
 	}
 }
 
+// An ICRC built piecewise with ICRCState (the headers, then the rest of the
+// packet in chunks, some copied) is ComputeICRC's, and Copy copies.
+func TestICRCStateMatchesComputeICRC(t *testing.T) {
+	r := rand.New(rand.NewPCG(15, 16))
+	hdrs := []wire.IPHeader{
+		{Src: vm0, Dst: vm1, ID: 0, DF: true},
+		{Src: vm1, Dst: vm0, ID: 0xbeef},
+		{Src: vm0v6, Dst: vm1v6},
+	}
+	for _, op := range validOpcodes() {
+		for _, n := range []int{0, 1, 31, 32, 100, 4096} {
+			pkt := buildPacket(op, n, r)
+			body := pkt[:len(pkt)-wire.ICRCSize]
+			for i := range hdrs {
+				h := &hdrs[i]
+				want := wire.ComputeICRC(h, 49441, wire.RoCEv2Port, body)
+				out := make([]byte, len(pkt))
+				copy(out, pkt[:wire.BTHSize])
+				st := wire.BeginICRC(h, 49441, wire.RoCEv2Port, len(pkt), out)
+				if r.IntN(2) == 0 {
+					st = wire.NewICRCPrefix(h, 49441, wire.RoCEv2Port, len(pkt)).Begin(out)
+				}
+				for off := wire.BTHSize; off < len(body); {
+					k := min(len(body)-off, 1+r.IntN(200))
+					if r.IntN(2) == 0 {
+						st = st.Copy(out[off:], body[off:off+k])
+					} else {
+						copy(out[off:], body[off:off+k])
+						st = st.Update(out[off : off+k])
+					}
+					off += k
+				}
+				require.Equalf(t, want, st.Sum(), "%v, %s, n=%d", h, op, n)
+				require.Equal(t, body, out[:len(body)])
+			}
+		}
+	}
+}
+
 func TestICRCAllocs(t *testing.T) {
 	if raceEnabled {
 		t.Skip("allocation counts are not meaningful with -race")
@@ -220,6 +259,11 @@ func TestICRCAllocs(t *testing.T) {
 	}))
 	require.Zero(t, testing.AllocsPerRun(100, func() {
 		sink += wire.ICRCWithID(sink, 20000, 0, 1) // uncached length
+	}))
+	out := make([]byte, len(pkt))
+	require.Zero(t, testing.AllocsPerRun(100, func() {
+		st := wire.BeginICRC(h, 49441, wire.RoCEv2Port, len(pkt), pkt)
+		sink += st.Copy(out, pkt[wire.BTHSize:len(pkt)-4]).Sum()
 	}))
 	_ = sink
 }
