@@ -653,14 +653,9 @@ func (b *txBatch) flush() {
 		return
 	}
 	err := b.d.conn.Send(b.pkts[:b.n])
-	failed := b.n
-	var se *conn.SendError
-	switch {
-	case err == nil:
-		failed = 0
-	case errors.As(err, &se):
-		// The kernel refused some; the rest left.
-		failed = min(se.Failed, b.n)
+	failed := 0
+	if err != nil {
+		failed = refused(err, b.n)
 	}
 	b.d.counters.SentPkts.Add(uint64(b.n - failed))
 	if err != nil {
@@ -674,6 +669,18 @@ func (b *txBatch) flush() {
 	}
 	clear(b.pkts[:b.n])
 	b.n = 0
+}
+
+// refused returns how many of the n datagrams of a failed Send did not
+// leave: the count of a *conn.SendError (the kernel refused some, the rest
+// left), else all n. Apart from flush so that the error's variable, which
+// escapes, is allocated only on this path.
+func refused(err error, n int) int {
+	var se *conn.SendError
+	if errors.As(err, &se) {
+		return min(se.Failed, n)
+	}
+	return n
 }
 
 // buildHeader writes a BTH for op into a packet of the QP and returns the
