@@ -1,6 +1,7 @@
 package perf
 
 import (
+	"errors"
 	"net/netip"
 	"testing"
 	"time"
@@ -236,4 +237,35 @@ func TestAgreeMTU(t *testing.T) {
 	} {
 		assert.Equal(t, tc.want, agreeMTU(tc.mine, tc.peer), "agreeMTU(%d, %d)", tc.mine, tc.peer)
 	}
+}
+
+// TestPeerResultIsBoundedWhenItMatters: after this side failed, or in a
+// -D run, the wait for the peer's result ends after drainLimit (a peer
+// whose host died keeps its TCP connection open); a result that arrives
+// is returned; an -n run that succeeded waits for it as perftest does.
+func TestPeerResultIsBoundedWhenItMatters(t *testing.T) {
+	old := drainMin
+	drainMin = 50 * time.Millisecond
+	t.Cleanup(func() { drainMin = old })
+	never := make(chan peerMsg)
+	for _, tc := range []struct {
+		name   string
+		d      time.Duration
+		runErr error
+	}{
+		{"this side failed", 0, errors.New("boom")},
+		{"-D run", 20 * time.Millisecond, nil},
+	} {
+		s := &session{p: Params{Duration: tc.d}}
+		start := time.Now()
+		_, waited := s.peerResult(never, tc.runErr)
+		assert.False(t, waited, tc.name)
+		assert.GreaterOrEqual(t, time.Since(start), 50*time.Millisecond, tc.name)
+	}
+	got := make(chan peerMsg, 1)
+	got <- peerMsg{r: roundResult{Err: "theirs"}}
+	s := &session{}
+	pm, waited := s.peerResult(got, nil)
+	assert.True(t, waited)
+	assert.Equal(t, "theirs", pm.r.Err)
 }

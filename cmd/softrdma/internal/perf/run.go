@@ -134,6 +134,31 @@ func Run(ctx context.Context, o *Options) (*Result, error) {
 	return &Result{Report: s.json}, err
 }
 
+// peerMsg is the peer's result of a round, or why it could not be read.
+type peerMsg struct {
+	r   roundResult
+	err error
+}
+
+// peerResult waits for the peer's result of a round. It waits as long as
+// it takes (as perftest, until TCP gives up) unless this side failed or
+// runs for a duration (-D): then at most drainLimit, so that a peer whose
+// host or path died while the TCP connection stays open does not keep the
+// run going; waited is false when that limit passed.
+func (s *session) peerResult(peerc <-chan peerMsg, runErr error) (pm peerMsg, waited bool) {
+	if runErr == nil && s.p.Duration <= 0 {
+		return <-peerc, true
+	}
+	t := time.NewTimer(drainLimit(s.p.Duration))
+	defer t.Stop()
+	select {
+	case pm = <-peerc:
+		return pm, true
+	case <-t.C:
+		return peerMsg{}, false
+	}
+}
+
 // checkBindable tells a server with --bind IP[:PORT] at once, before it
 // waits for a client, that the device could not bind there: an IP that is
 // not this host's, or (with an explicit port) a UDP port in use. It binds
@@ -528,10 +553,6 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 	}
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	type peerMsg struct {
-		r   roundResult
-		err error
-	}
 	peerc := make(chan peerMsg, 1)
 	var target atomic.Int64
 	known := make(chan struct{})
@@ -564,7 +585,14 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 	}
 	mine.ODP = s.odpReport()
 	sendErr := s.ctrl.SendJSON(exchange.MsgResult, &mine)
-	pm := <-peerc
+	pm, waited := s.peerResult(peerc, runErr)
+	if !waited {
+		if runErr != nil {
+			return mine, peer, runErr
+		}
+		return mine, peer, fmt.Errorf("-D %v: the peer sent no result within %v after this side's run ended "+
+			"(its host or the path may be down while the TCP connection stays open)", s.p.Duration, drainLimit(s.p.Duration))
+	}
 	switch {
 	case pm.err != nil:
 		return mine, peer, pm.err
