@@ -132,6 +132,16 @@ func TestToolsOverMTU1500Veth(t *testing.T) {
 			}
 		})
 	}
+	// ud-pingpong checks -s against the port's active MTU, as
+	// ibv_ud_pingpong does ("Requested size larger than port MTU"), before
+	// it waits for a peer (--bind given: the device opens first).
+	t.Run("ud-pingpong-size", func(t *testing.T) {
+		out, err := exec.Command("ip", "netns", "exec", h.nsA, bin, "ud-pingpong", "-g", "1", "--bind", h.ipA, "-s", "2048").CombinedOutput()
+		var ee *exec.ExitError
+		require.ErrorAs(t, err, &ee, "%s", out)
+		assert.Equal(t, exitUsage, ee.ExitCode(), "%s", out)
+		assert.Contains(t, string(out), "-s 2048: requested size larger than the port's MTU (1024)")
+	})
 }
 
 func checkSum(t *testing.T, path string, want [32]byte) {

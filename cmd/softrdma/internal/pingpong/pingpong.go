@@ -240,6 +240,20 @@ func Run(ctx context.Context, o Options) (err error) {
 	}
 	r := &run{o: &o, wcs: make([]softrdma.WC, 2)}
 	defer r.close()
+	if o.Pcap != "" { // before the wait for a peer, so that a bad path fails at once
+		if r.tap, err = pcaptap.Create(o.Pcap); err != nil {
+			return fmt.Errorf("--pcap: %w", err)
+		}
+	}
+	// With --bind IP the device opens first, as pp_init_ctx runs before
+	// the exchange: an address it cannot bind fails before the wait for a
+	// peer. Without, its IP is the TCP connection's.
+	early := bind.Addr().IsValid()
+	if early {
+		if err := r.setup(bind); err != nil {
+			return err
+		}
+	}
 
 	var c net.Conn
 	if o.Server != "" {
@@ -256,11 +270,11 @@ func Run(ctx context.Context, o Options) (err error) {
 		c.Close()
 	}()
 
-	if !bind.Addr().IsValid() {
+	if !early {
 		bind = netip.AddrPortFrom(addrOf(c.LocalAddr()), wire.RoCEv2Port)
-	}
-	if err := r.setup(bind); err != nil {
-		return err
+		if err := r.setup(bind); err != nil {
+			return err
+		}
 	}
 	fmt.Fprintf(o.Stdout, "  local address:  LID 0x%04x, QPN 0x%06x, PSN 0x%06x, GID %s\n",
 		r.my.LID, r.my.QPN, r.my.PSN, GIDString(r.my.GID))
@@ -298,16 +312,16 @@ func (r *run) setup(bind netip.AddrPort) error {
 			o.name(), bind.Port(), wire.RoCEv2Port)
 	}
 	cfg := softrdma.Config{Addr: bind, Logf: o.Logf, SourcePort: o.SourcePort}
-	if o.Pcap != "" {
-		var err error
-		if r.tap, err = pcaptap.Create(o.Pcap); err != nil {
-			return fmt.Errorf("--pcap: %w", err)
-		}
+	if r.tap != nil {
 		cfg.Tap = r.tap
 	}
 	var err error
 	if r.dev, err = softrdma.Open(cfg); err != nil {
 		return fmt.Errorf("couldn't open the device: %w", err)
+	}
+	if mtu := r.dev.Attr().ActiveMTU.Bytes(); o.Type == softrdma.QPTypeUD && o.Size > mtu {
+		// ud_pingpong: "Requested size larger than port MTU (%d)".
+		return usagef("-s %d: requested size larger than the port's MTU (%d)", o.Size, mtu)
 	}
 	if r.pd, err = r.dev.AllocPD(); err != nil {
 		return fmt.Errorf("couldn't allocate PD: %w", err)

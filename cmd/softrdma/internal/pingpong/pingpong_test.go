@@ -157,3 +157,32 @@ func TestClientConnectTimeout(t *testing.T) {
 	assert.ErrorContains(t, err, fmt.Sprintf("couldn't connect to 127.0.0.1:%d", port))
 	assert.GreaterOrEqual(t, time.Since(start), 300*time.Millisecond, "retried")
 }
+
+// TestServerBadBindFailsAtOnce: with --bind IP the device opens before the
+// wait for a peer (pp_init_ctx runs before the exchange), so an address
+// that is not this host's (TEST-NET-2), a UDP port in use or a --pcap path
+// that cannot be created fails at once instead of after a client came.
+func TestServerBadBindFailsAtOnce(t *testing.T) {
+	busy, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	defer busy.Close()
+	for _, tc := range []struct {
+		o    Options
+		want string
+	}{
+		{Options{Bind: "198.51.100.7"}, "couldn't open the device"},
+		{Options{Bind: busy.LocalAddr().String()}, "address already in use"},
+		{Options{Bind: "127.0.0.1:0", Pcap: "/nonexistent/dir/x.pcap"}, "--pcap"},
+	} {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		tc.o.Listener, tc.o.Iters, tc.o.RxDepth, tc.o.MTU, tc.o.Size = ln, 1, 1, 1024, 64
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err = Run(ctx, tc.o)
+		cancel()
+		ln.Close()
+		require.Error(t, err, tc.o.Bind)
+		assert.ErrorContains(t, err, tc.want)
+		assert.NotErrorIs(t, err, context.DeadlineExceeded, "it waited for a client")
+	}
+}
