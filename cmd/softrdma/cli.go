@@ -117,8 +117,10 @@ func (c *toolCmd) options(test perf.Test) (*perf.Options, error) {
 		TxDepth: int(c.TxDepth), RxDepth: int(c.RxDepth), CQMod: int(c.CQMod), QPs: int(c.QPs), Inline: c.Inline,
 		Atomic: c.Atomic, Verify: c.Verify, Seed: c.Seed, QPTimeout: int(c.QPTimeout),
 	}
-	if c.Server != "" && !c.Perftest { // --perftest: checked after connecting, by perftest's rules
-		// Check the client's parameters before connecting.
+	if !c.Perftest { // --perftest: checked after connecting, by perftest's rules
+		// Check the parameters before connecting: the client's, which
+		// the run uses, and the server's own, which its client's replace
+		// (a server's -m 100 is still a mistake worth saying).
 		q := p
 		q.Defaults(test)
 		if err := q.Validate(test); err != nil {

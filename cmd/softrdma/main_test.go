@@ -123,6 +123,8 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"read-lat", "--file", "main.go", "127.0.0.1"}, "--file and --out are for the BW tools"},
 		{[]string{"demo", "--impair", "loss=5"}, "not a probability"},
 		{[]string{"demo", "-s", "0"}, "at least 1 byte"},
+		{[]string{"write-bw", "-m", "100"}, "MTU 100 (-m)"}, // a server's own flags are checked too
+		{[]string{"write-bw", "-n", "4"}, "iterations 4 (-n): must be 5"},
 		{[]string{"write-bw", "-s", "0", "h"}, "at least 1 byte"},
 		{[]string{"write-bw", "-n", "0", "h"}, "at least 1"},
 		{[]string{"write-bw", "-t", "0", "h"}, "at least 1"},

@@ -338,25 +338,25 @@ func (p *Params) Validate(t Test) error {
 	case p.QPTimeout < 1 || p.QPTimeout > 31:
 		return fmt.Errorf("qp-timeout %d: must be 1 to 31", p.QPTimeout)
 	case p.Size < 1 || p.Size > 1<<31:
-		return fmt.Errorf("size %d: must be 1 to 2^31 bytes", p.Size)
+		return fmt.Errorf("size %d (-s): must be 1 to 2^31 bytes", p.Size)
 	case t.verb() == verbAtomic && p.Size != 8:
 		return fmt.Errorf("atomic-bw: size must be 8 (got %d)", p.Size)
 	case t.verb() == verbAtomic && p.All:
 		return errors.New("atomic-bw: --all does not apply (atomics are 8 bytes)")
 	case p.Duration == 0 && (p.Iters < MinIters || p.Iters > MaxIters):
-		return fmt.Errorf("iterations %d: must be %d to %d", p.Iters, MinIters, MaxIters)
+		return fmt.Errorf("iterations %d (-n): must be %d to %d", p.Iters, MinIters, MaxIters)
 	case p.Duration < 0:
 		return fmt.Errorf("duration %v: must be positive", p.Duration)
 	case p.MTU != 0 && mtuCode(p.MTU) == 0:
-		return fmt.Errorf("MTU %d: must be 256, 512, 1024, 2048 or 4096", p.MTU)
+		return fmt.Errorf("MTU %d (-m): must be 256, 512, 1024, 2048 or 4096", p.MTU)
 	case p.TxDepth < 1 || p.TxDepth > MaxTx:
-		return fmt.Errorf("tx-depth %d: must be 1 to %d", p.TxDepth, MaxTx)
+		return fmt.Errorf("tx-depth %d (-t): must be 1 to %d", p.TxDepth, MaxTx)
 	case p.RxDepth < 1 || p.RxDepth > MaxTx:
-		return fmt.Errorf("rx-depth %d: must be 1 to %d", p.RxDepth, MaxTx)
+		return fmt.Errorf("rx-depth %d (-r): must be 1 to %d", p.RxDepth, MaxTx)
 	case p.CQMod < 1 || p.CQMod > MaxCQMod:
-		return fmt.Errorf("cq-mod %d: must be 1 to %d", p.CQMod, MaxCQMod)
+		return fmt.Errorf("cq-mod %d (-Q): must be 1 to %d", p.CQMod, MaxCQMod)
 	case p.QPs < 1 || p.QPs > MaxQPs:
-		return fmt.Errorf("qp %d: must be 1 to %d", p.QPs, MaxQPs)
+		return fmt.Errorf("qp %d (-q): must be 1 to %d", p.QPs, MaxQPs)
 	case t.IsLat() && p.QPs != 1:
 		return fmt.Errorf("%s: latency tests use one QP (-q 1)", t)
 	case p.Inline < 0 || p.Inline > 1024:
