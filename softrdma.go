@@ -263,8 +263,12 @@ type PD struct {
 	id  uint32
 }
 
-// AllocPD allocates a protection domain (ibv_alloc_pd).
+// AllocPD allocates a protection domain (ibv_alloc_pd). Errors: ErrClosed
+// after the device's Close.
 func (d *Device) AllocPD() (*PD, error) {
+	if d.closed() {
+		return nil, fmt.Errorf("softrdma: alloc PD: %w", transport.ErrClosed)
+	}
 	return &PD{dev: d, id: d.pdSeq.Add(1)}, nil
 }
 

@@ -340,6 +340,8 @@ func TestDestroyQPBadHandles(t *testing.T) {
 	require.ErrorIs(t, err, softrdma.ErrBadQP, "post send after destroy")
 	_, err = qp.PostRecv(softrdma.RecvWR{})
 	require.ErrorIs(t, err, softrdma.ErrBadQP, "post recv after destroy")
+	require.ErrorIs(t, softrdma.Connect(qp, softrdma.Endpoint{Addr: p.B.Dev.LocalAddr(), QPN: 0x11, PSN: 1}, 1, softrdma.ConnectOptions{}),
+		softrdma.ErrBadQP, "connect after destroy")
 
 	// After the device's Close: ErrClosed, not a queued WR that only
 	// flushes.
@@ -347,5 +349,7 @@ func TestDestroyQPBadHandles(t *testing.T) {
 	_, err = p.B.QP.PostSend(softrdma.SendWR{Opcode: softrdma.WRSend})
 	require.ErrorIs(t, err, softrdma.ErrClosed)
 	_, err = p.B.QP.PostRecv(softrdma.RecvWR{})
+	require.ErrorIs(t, err, softrdma.ErrClosed)
+	_, err = p.B.Dev.AllocPD()
 	require.ErrorIs(t, err, softrdma.ErrClosed)
 }

@@ -322,6 +322,9 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 	if attr == nil {
 		return fmt.Errorf("%w: nil attributes", ErrBadAttr)
 	}
+	if qp.destroyed.Load() {
+		return fmt.Errorf("%w: modify QP %d after DestroyQP", ErrBadQP, qp.qpn)
+	}
 	qp.modifyMu.Lock()
 	defer qp.modifyMu.Unlock()
 	cur := qp.State()
