@@ -69,7 +69,7 @@ type toolCmd struct {
 	// perftest interoperability (docs/interop.md).
 	ConnectTimeout time.Duration `name:"connect-timeout" placeholder:"DURATION" help:"Client: keep retrying a refused connection for this long (default: one attempt, as perftest)."`
 	Stat           bool          `name:"stat" help:"Print the device's non-zero counters at the end (as rc-pingpong --stat)."`
-	MaxMem         byteSize      `name:"max-mem" placeholder:"BYTES" help:"Most bytes of buffers this side allocates (-q × the region of -s); a server takes -s and -q from its client. Default: 4G."`
+	MaxMem         msgSize       `name:"max-mem" placeholder:"BYTES" help:"Most bytes of buffers this side allocates (-q × the region of -s); a server takes -s and -q from its client. Default: 4G."`
 	Perftest       bool          `name:"perftest" help:"Speak perftest's exchange byte for byte even to a softrdma peer (a stock ib_write_bw, ib_read_bw, ... peer is detected without it); both sides then need the same -s, -n, -q, -A."`
 }
 
