@@ -332,7 +332,9 @@ func (d *Device) DeregMR(mr *MR) error {
 }
 
 // CreateCQ creates a completion queue holding depth completions
-// (ibv_create_cq). depth must be 1 to MaxCQE.
+// (ibv_create_cq). depth must be 1 to MaxCQE. After the device's Close,
+// once the completions it queued (the flushed WRs') are polled, Poll and
+// Wait return ErrClosed.
 func (d *Device) CreateCQ(depth int) (*CQ, error) {
 	if d.closed() {
 		return nil, fmt.Errorf("softrdma: create CQ: %w", transport.ErrClosed)
@@ -340,7 +342,7 @@ func (d *Device) CreateCQ(depth int) (*CQ, error) {
 	if depth < 1 || depth > MaxCQE {
 		return nil, fmt.Errorf("softrdma: create CQ: depth %d (1-%d)", depth, MaxCQE)
 	}
-	return transport.NewCQ(depth), nil
+	return transport.NewDeviceCQ(d.t, depth), nil
 }
 
 // CreateQP creates a queue pair in RESET in pd (ibv_create_qp).

@@ -352,4 +352,19 @@ func TestDestroyQPBadHandles(t *testing.T) {
 	require.ErrorIs(t, err, softrdma.ErrClosed)
 	_, err = p.B.Dev.AllocPD()
 	require.ErrorIs(t, err, softrdma.ErrClosed)
+	// A waiter on a CQ of the closed device is told, once what was
+	// queued is polled, instead of waiting for its context.
+	wcs := make([]softrdma.WC, 16)
+	for {
+		n, err := p.B.CQ.Poll(wcs)
+		if err != nil {
+			require.ErrorIs(t, err, softrdma.ErrClosed)
+			break
+		}
+		require.NotZero(t, n, "an empty CQ of a closed device must say ErrClosed")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err = p.B.CQ.Wait(ctx, wcs)
+	require.ErrorIs(t, err, softrdma.ErrClosed)
 }

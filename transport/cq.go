@@ -20,6 +20,9 @@ type CQ struct {
 		overrun bool // guarded by mu
 	}
 	notify chan struct{} // capacity 1: a completion arrived
+	// devDone is closed when the CQ's device closes (NewDeviceCQ); nil
+	// (NewCQ): never.
+	devDone <-chan struct{}
 }
 
 // NewCQ returns a CQ holding up to depth completions (ibv_create_cq's cqe).
@@ -29,6 +32,16 @@ func NewCQ(depth int) *CQ {
 	}
 	cq := &CQ{notify: make(chan struct{}, 1)}
 	cq.mu.ring = make([]WC, depth)
+	return cq
+}
+
+// NewDeviceCQ returns a CQ of device d (NewCQ otherwise): once d is closed
+// and the completions queued (those of the WRs its Close flushed among
+// them) are polled, Poll and Wait return ErrClosed instead of nothing, so
+// that a waiter does not wait for completions that cannot come.
+func NewDeviceCQ(d *Device, depth int) *CQ {
+	cq := NewCQ(depth)
+	cq.devDone = d.done
 	return cq
 }
 
@@ -65,7 +78,8 @@ func (cq *CQ) wake() {
 
 // Poll moves up to len(wcs) completions, oldest first, into wcs and returns
 // how many (ibv_poll_cq). It never blocks and never allocates. After an
-// overrun it returns ErrCQOverrun.
+// overrun it returns ErrCQOverrun; a device CQ that is empty after its
+// device's Close returns ErrClosed.
 func (cq *CQ) Poll(wcs []WC) (int, error) {
 	cq.mu.Lock()
 	defer cq.mu.Unlock()
@@ -82,6 +96,13 @@ func (cq *CQ) Poll(wcs []WC) (int, error) {
 		cq.mu.n--
 		n++
 	}
+	if n == 0 && cq.devDone != nil {
+		select {
+		case <-cq.devDone:
+			return 0, ErrClosed
+		default:
+		}
+	}
 	return n, nil
 }
 
@@ -96,6 +117,7 @@ func (cq *CQ) Wait(ctx context.Context, wcs []WC) (int, error) {
 		}
 		select {
 		case <-cq.notify:
+		case <-cq.devDone: // the next Poll says ErrClosed, after what is queued
 		case <-ctx.Done():
 			return 0, ctx.Err()
 		}
