@@ -345,7 +345,10 @@ func (d *Device) CreateCQ(depth int) (*CQ, error) {
 	return transport.NewDeviceCQ(d.t, depth), nil
 }
 
-// CreateQP creates a queue pair in RESET in pd (ibv_create_qp).
+// CreateQP creates a queue pair in RESET in pd (ibv_create_qp). Errors:
+// ErrBadPD (nil or another device's PD); ErrBadAttr for missing CQs, CQs
+// of another device, a QP type other than RC, UC and UD, or capacities
+// over the device's limits (DeviceAttr).
 func (d *Device) CreateQP(pd *PD, init QPInitAttr) (*QP, error) {
 	if pd == nil || pd.dev != d {
 		return nil, ErrBadPD

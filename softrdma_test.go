@@ -331,6 +331,9 @@ func TestDestroyQPBadHandles(t *testing.T) {
 	require.ErrorIs(t, p.A.Dev.DestroyQP(nil), softrdma.ErrBadQP)
 	require.ErrorIs(t, softrdma.Connect(nil, softrdma.Endpoint{}, 1, softrdma.ConnectOptions{}), softrdma.ErrBadQP)
 	require.ErrorIs(t, p.A.Dev.DestroyQP(p.B.QP), softrdma.ErrBadQP, "B's QP destroyed through A")
+	_, err := p.A.Dev.CreateQP(p.A.PD, softrdma.QPInitAttr{SendCQ: p.A.CQ, RecvCQ: p.B.CQ, Type: softrdma.QPTypeRC,
+		Cap: softrdma.Cap{MaxSendWR: 4, MaxRecvWR: 4, MaxSendSGE: 1, MaxRecvSGE: 1}})
+	require.ErrorIs(t, err, softrdma.ErrBadAttr, "a CQ of another device")
 	qp, err := p.A.Dev.CreateQP(p.A.PD, softrdma.QPInitAttr{SendCQ: p.A.CQ, RecvCQ: p.A.CQ, Type: softrdma.QPTypeRC,
 		Cap: softrdma.Cap{MaxSendWR: 4, MaxRecvWR: 4, MaxSendSGE: 1, MaxRecvSGE: 1}})
 	require.NoError(t, err)

@@ -267,6 +267,11 @@ func (d *Device) createQP(pd uint32, init *QPInitAttr, qpn uint32) (*QP, error) 
 	if init.SendCQ == nil || init.RecvCQ == nil {
 		return nil, fmt.Errorf("%w: send and receive CQs are required", ErrBadAttr)
 	}
+	for _, cq := range []*CQ{init.SendCQ, init.RecvCQ} {
+		if cq.devDone != nil && cq.devDone != d.done {
+			return nil, fmt.Errorf("%w: a CQ of another device", ErrBadAttr)
+		}
+	}
 	c := init.Cap
 	if c.MaxSendWR < 1 || c.MaxSendWR > MaxQPWR || c.MaxRecvWR < 0 || c.MaxRecvWR > MaxQPWR {
 		return nil, fmt.Errorf("%w: max_send_wr %d / max_recv_wr %d (1-%d)", ErrBadAttr, c.MaxSendWR, c.MaxRecvWR, MaxQPWR)
