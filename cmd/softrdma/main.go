@@ -39,6 +39,16 @@ func main() {
 	os.Exit(code)
 }
 
+// interrupted says "interrupted" for an error that only says the run was
+// cancelled (Ctrl-C or SIGTERM cancels the commands' context), instead of
+// Go's "context canceled"; other errors are returned as they are.
+func interrupted(err error) any {
+	if err != nil && err.Error() == context.Canceled.Error() {
+		return "interrupted"
+	}
+	return err
+}
+
 // run parses args and runs the command; it returns the exit code.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var c cli
@@ -100,7 +110,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	o.Stdout, o.Logf = stdout, logf
 	if _, err := perf.Run(ctx, o); err != nil {
-		fmt.Fprintf(stderr, "softrdma: %s: %v\n", test, err)
+		fmt.Fprintf(stderr, "softrdma: %s: %v\n", test, interrupted(err))
 		if errors.Is(err, perf.ErrUsage) {
 			return exitUsage
 		}

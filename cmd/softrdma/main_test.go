@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"crypto/sha256"
 	"encoding/hex"
 	"io"
@@ -210,4 +211,13 @@ func TestDemoWithImpairmentAndPcap(t *testing.T) {
 	st, err := os.Stat(pcap)
 	require.NoError(t, err)
 	assert.Greater(t, st.Size(), int64(100_000))
+}
+
+// TestInterrupted: a run ended by Ctrl-C says "interrupted", not Go's
+// "context canceled"; an error that says more is kept.
+func TestInterrupted(t *testing.T) {
+	assert.Equal(t, "interrupted", interrupted(context.Canceled))
+	wrapped := fmt.Errorf("poll CQ: %w", context.Canceled)
+	assert.Equal(t, wrapped, interrupted(wrapped))
+	assert.Nil(t, interrupted(nil))
 }

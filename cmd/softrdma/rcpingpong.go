@@ -74,6 +74,6 @@ func pingExit(err error, stderr io.Writer, name string) int {
 		fmt.Fprintf(stderr, "softrdma: %s: %v\n", name, err)
 		return exitUsage
 	}
-	fmt.Fprintf(stderr, "softrdma: %s: %v\n", name, err)
+	fmt.Fprintf(stderr, "softrdma: %s: %v\n", name, interrupted(err))
 	return exitFail
 }

@@ -56,6 +56,6 @@ func (c *rpingCmd) run(ctx context.Context, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "softrdma: rping: %v\n", err)
 		return exitUsage
 	}
-	fmt.Fprintf(stderr, "softrdma: rping: %v\n", err)
+	fmt.Fprintf(stderr, "softrdma: rping: %v\n", interrupted(err))
 	return exitFail
 }
