@@ -3,9 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
