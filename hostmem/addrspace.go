@@ -154,6 +154,7 @@ const (
 type AddressSpace struct {
 	appBase unsafe.Pointer // reservation: the application's view
 	nicBase unsafe.Pointer // NIC mapping of the whole memfd
+	scratch unsafe.Pointer // scratchPages of address space for Migration.WarmView
 	base    uint64         // uint64(uintptr(appBase))
 	size    uintptr        // bytes in each view
 	npages  uintptr        // pages in each view (= frames in the pool)
@@ -242,9 +243,17 @@ func NewAddressSpace(cfg Config) (*AddressSpace, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("hostmem: map the NIC view (%d bytes): %w", n, err)
 	}
+	scratch, err := unix.MmapPtr(-1, 0, nil, scratchPages<<PageShift, unix.PROT_NONE, reserveFlags)
+	if err != nil {
+		_ = unix.MunmapPtr(nic, n)
+		_ = unix.MunmapPtr(app, n)
+		unix.Close(fd)
+		return nil, fmt.Errorf("hostmem: reserve the scratch view: %w", err)
+	}
 	s := &AddressSpace{
 		appBase: app,
 		nicBase: nic,
+		scratch: scratch,
 		base:    uint64(uintptr(app)),
 		size:    n,
 		npages:  n >> PageShift,
@@ -263,6 +272,10 @@ func NewAddressSpace(cfg Config) (*AddressSpace, error) {
 	s.subs.ended.L = &s.subs.Mutex
 	return s, nil
 }
+
+// scratchPages is the size of the scratch view (1024 pages, 4 MiB of
+// address space, never touched) onto which Migration.WarmView maps frames.
+const scratchPages = 1024
 
 // reserveFlags map the PROT_NONE reservation, and map it back over freed
 // pages: the same flags let the kernel merge the pieces into one VMA again.
@@ -290,7 +303,8 @@ func (s *AddressSpace) Close() error {
 	}
 	s.frames.drainPool(s)
 	s.closed.Store(true)
-	err := errors.Join(unix.MunmapPtr(s.appBase, s.size), unix.MunmapPtr(s.nicBase, s.size), unix.Close(s.fd))
+	err := errors.Join(unix.MunmapPtr(s.appBase, s.size), unix.MunmapPtr(s.nicBase, s.size),
+		unix.MunmapPtr(s.scratch, scratchPages<<PageShift), unix.Close(s.fd))
 	if err != nil {
 		return fmt.Errorf("hostmem: close address space: %w", err)
 	}
