@@ -112,6 +112,7 @@ type RemapReport struct {
 	Policy           PausePolicy
 	PrecopyUs        float64 // pre-copy of every page, traffic flowing (µs)
 	CriticalUs       float64 // from the pause to the resume (µs)
+	ViewSwitchUs     float64 // pinned MRs: the application's view switched after the resume, the NIC writing old and new frames meanwhile (µs)
 	PagesMoved       int     // pages switched to new frames
 	PagesRecopied    int     // pages written during the pre-copy, copied again in the critical section
 	QPsPaused        int     // QPs that had a packet held or NAKed
@@ -127,7 +128,11 @@ type RemapReport struct {
 // to the device's finest, and always including mr itself), the placements
 // in flight waited for, the pages dirtied meanwhile copied again, the
 // application's mapping (mmap MAP_FIXED onto the new frames) and the NIC's
-// translation switched — and resume; the held packets are replayed. It
+// translation switched — and resume; the held packets are replayed. For a
+// pinned MR the mapping's switch (an mmap, tens of µs) runs after the
+// resume instead, the NIC writing every byte to the old and the new frames
+// until it is done (ViewSwitchUs), so that the application, which reads the
+// old frames until then and the new ones after, misses no write. It
 // works for pinned MRs and explicit ODP MRs on the device's AddressSpace.
 // The application must not itself write mr's pages during the remap.
 //
@@ -161,11 +166,16 @@ func (d *Device) Remap(mr *MR, scope Scope, policy PausePolicy) (RemapReport, er
 		rm.Abort()
 		return RemapReport{}, fmt.Errorf("softrdma: remap: %w", cerr)
 	}
+	ferr := rm.Finish()
 	rm.Release()
+	if ferr != nil {
+		return RemapReport{}, fmt.Errorf("softrdma: remap: %w", ferr)
+	}
 	rep := RemapReport{
 		Requested: scope, Scope: s.Scope, Widened: s.Widened, Policy: policy,
 		PrecopyUs: float64(rm.Precopy.Nanoseconds()) / 1e3, CriticalUs: float64(crit.Nanoseconds()) / 1e3,
-		PagesMoved: rm.Pages, PagesRecopied: rm.Recopied, QPsPaused: sr.QPsPaused,
+		ViewSwitchUs: float64(rm.ViewSwitch.Nanoseconds()) / 1e3,
+		PagesMoved:   rm.Pages, PagesRecopied: rm.Recopied, QPsPaused: sr.QPsPaused,
 		PacketsHeld: sr.Held, PacketsNAKed: sr.NAKed, PacketsDropped: sr.Dropped, BytesDelayed: sr.BytesDelayed,
 	}
 	if rerr != nil {

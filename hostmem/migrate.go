@@ -68,6 +68,8 @@ type Migration struct {
 	// table, which copies through the application's view); viewDone: the
 	// application's view of the new frames was populated.
 	subscribed, viewDone bool
+	// inv is the invalidation CommitCopy left open for SwitchView.
+	inv *invalidation
 	// vec is WarmView's mincore vector.
 	vec []byte
 }
@@ -75,7 +77,9 @@ type Migration struct {
 type migrationState uint8
 
 const (
-	migrationPrepared migrationState = iota
+	migrationPrepared   migrationState = iota
+	migrationCopied                    // CommitCopy done: mu held, invalidation open
+	migrationUnswitched                // SwitchView failed: the view has Old; Abort gives New back
 	migrationCommitted
 	migrationAborted  // before commit: New given back
 	migrationReleased // after commit: Old given back
@@ -208,15 +212,63 @@ func (m *Migration) CopyPage(i int) {
 // After a successful Commit the old frames stay allocated, untouched by
 // anything, until Release.
 func (m *Migration) Commit(copyDirty func(m *Migration) error) error {
+	if err := m.CommitCopy(copyDirty); err != nil {
+		return err
+	}
+	if err := m.SwitchView(); err != nil {
+		m.Abort()
+		return err
+	}
+	return nil
+}
+
+// CommitCopy is the first half of Commit, for a caller that lets its
+// writers go on between the copy and the view switch (a pinned remap,
+// which mirrors the NIC's writes to the new frames meanwhile,
+// pagetable.Table.StartMirror): steps 1 and 2, the checks, the
+// invalidation's start and the copies. It returns with the address
+// space's lock held and the invalidation open; SwitchView (steps 3 and
+// 4) ends both, and no method that takes the lock (Alloc, Free, Protect,
+// Pin, PrepareMigrate, Commit, Close) may be called in between. On error
+// it is as Commit's: the migration is over, the new frames given back.
+func (m *Migration) CommitCopy(copyDirty func(m *Migration) error) error {
 	s := m.as
 	if m.state != migrationPrepared {
 		return errors.New("hostmem: commit of a migration that is not prepared")
 	}
 	s.mu.Lock()
-	err := m.commit(copyDirty)
+	inv, err := m.commitCopy(copyDirty)
 	if err != nil {
+		if inv != nil {
+			s.invalidateEnd(inv)
+		}
 		m.state = migrationAborted
 		m.giveBackNew()
+		s.mu.Unlock()
+		return err
+	}
+	m.inv = inv
+	m.state = migrationCopied
+	return nil
+}
+
+// SwitchView is the second half of Commit, after CommitCopy: the
+// application's view of the range is mapped onto the new frames (mmap
+// MAP_FIXED), the page map points at them, a pinned migration's pin moves
+// to them, and the invalidation ends; then the lock is released. If the
+// mmap fails the view keeps the old frames, the error is returned, and the
+// caller, once its writers no longer use the new frames, calls Abort,
+// which gives them back.
+func (m *Migration) SwitchView() error {
+	if m.state != migrationCopied {
+		return errors.New("hostmem: view switch of a migration that is not copied")
+	}
+	s := m.as
+	err := m.switchView()
+	s.invalidateEnd(m.inv)
+	m.inv = nil
+	if err != nil {
+		m.state = migrationUnswitched
 		s.mu.Unlock()
 		return err
 	}
@@ -294,17 +346,19 @@ func (s *AddressSpace) populateView(p uintptr, ro []bool) {
 	}
 }
 
-func (m *Migration) commit(copyDirty func(m *Migration) error) error {
+// commitCopy runs Commit's checks and copies, under mu; the invalidation
+// it started (nil if it failed before) stays open.
+func (m *Migration) commitCopy(copyDirty func(m *Migration) error) (*invalidation, error) {
 	s := m.as
 	if s.closed.Load() {
-		return ErrClosed
+		return nil, ErrClosed
 	}
 	n := uintptr(len(m.Old))
 	vals, ro, populated := m.vals, m.ro, m.oldPopulated
 	for i := range vals {
 		vals[i] = s.pte(m.p + uintptr(i)).Load()
 		if vals[i]&pteFrame != uint64(m.Old[i])+1 {
-			return fmt.Errorf("%w: migrate %#x+%d pages: page %d", ErrRaced, m.Addr, n, i)
+			return nil, fmt.Errorf("%w: migrate %#x+%d pages: page %d", ErrRaced, m.Addr, n, i)
 		}
 		ro[i] = vals[i]&pteReadOnly != 0
 		// A pinned frame was populated by its pin.
@@ -315,18 +369,17 @@ func (m *Migration) commit(copyDirty func(m *Migration) error) error {
 	// map the counts used to be, 10-12 µs per MiB under traffic).
 	if s.frames.pinGeneration() != m.pinGen || m.pin != nil && m.pin.done.Load() {
 		if err := m.checkPins(); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	inv := s.invalidateStart(Range{m.Addr, m.Addr + uint64(n)<<PageShift}, EventMigrate)
-	defer s.invalidateEnd(inv)
 	m.subscribed = len(inv.subs) > 0
 	if copyDirty == nil {
 		for i := range m.Old {
 			m.CopyPage(i)
 		}
 	} else if err := copyDirty(m); err != nil {
-		return fmt.Errorf("hostmem: migrate %#x+%d pages: %w", m.Addr, n, err)
+		return inv, fmt.Errorf("hostmem: migrate %#x+%d pages: %w", m.Addr, n, err)
 	}
 	// A page never copied (no pre-copy) is copied now: its new frame may
 	// come from the pool, holding another page's bytes.
@@ -340,6 +393,12 @@ func (m *Migration) commit(copyDirty func(m *Migration) error) error {
 			}
 		}
 	}
+	return inv, nil
+}
+
+// switchView is SwitchView's work, under mu.
+func (m *Migration) switchView() error {
+	s, n, vals, ro := m.as, len(m.Old), m.vals, m.ro
 	if err := s.mapFrames(m.p, m.New, ro); err != nil {
 		// mapFrames left part of the range PROT_NONE: map the old frames
 		// back, so that the application keeps its memory.
@@ -376,7 +435,7 @@ func (m *Migration) checkPins() error {
 // Abort gives back the new frames of a migration that was not committed.
 // After Commit it does nothing (use Release).
 func (m *Migration) Abort() {
-	if m.state != migrationPrepared {
+	if m.state != migrationPrepared && m.state != migrationUnswitched {
 		return
 	}
 	m.state = migrationAborted
@@ -405,7 +464,7 @@ func (m *Migration) giveBackNew() {
 // migration pool. Before Commit it is Abort.
 func (m *Migration) Release() {
 	switch m.state {
-	case migrationPrepared:
+	case migrationPrepared, migrationUnswitched:
 		m.Abort()
 	case migrationCommitted:
 		if m.subscribed {

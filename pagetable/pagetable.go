@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync"
 	"sync/atomic"
 	"unsafe"
 
@@ -160,6 +161,14 @@ type Table struct {
 	// track is set while a remap tracks the pages the NIC writes: the
 	// copies walk the entries (direct is off) and set Dirty.
 	track atomic.Bool
+
+	// mirror, while a remap's view switch is under way (StartMirror to
+	// SwitchFrames), holds the NIC-side address of each page's new frame
+	// (page 0's at the region's first byte, as frame): CopyIn writes
+	// both frames, and atomics write the new word after the old one
+	// (AtomicWord, under mirrorMu).
+	mirror   atomic.Pointer[[]*byte]
+	mirrorMu sync.Mutex
 }
 
 // NewPinned builds the table of a pinned region: the region is mem, its
@@ -437,13 +446,21 @@ func (t *Table) CopyIn(iova uint64, src []byte) (int, Result) {
 	if t.direct.Load() && t.writable {
 		return copy(t.flat()[off:], src), OK
 	}
+	// The mirror is loaded before the frames (run): SwitchFrames stores
+	// the new frames before it clears the mirror, so a copy that finds no
+	// mirror writes the new frames.
+	mirror := t.mirror.Load()
 	done := 0
 	for done < len(src) {
 		dst, r := t.run(off+uint64(done), uint64(len(src)-done), true)
 		if r != OK {
 			return done, r
 		}
-		done += copy(dst, src[done:])
+		n := copy(dst, src[done:])
+		if mirror != nil {
+			t.copyMirror(*mirror, off+uint64(done), src[done:done+n])
+		}
+		done += n
 	}
 	return done, OK
 }

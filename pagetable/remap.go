@@ -3,6 +3,7 @@ package pagetable
 import (
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/softrdma/softrdma/hostmem"
@@ -106,6 +107,9 @@ func (t *Table) SwitchFrames(frames []hostmem.Frame) error {
 	}
 	t.seq.Add(1)
 	t.setFrames(t.fpAS(), frames)
+	// After the frames (see CopyIn): from here on a copy that finds no
+	// mirror finds the new frames.
+	t.mirror.Store(nil)
 	t.track.Store(false)
 	for k := range t.pages {
 		t.pages[k].flags.And(^uint32(Dirty))
@@ -114,9 +118,97 @@ func (t *Table) SwitchFrames(frames []hostmem.Frame) error {
 	return nil
 }
 
+// StartMirror makes the NIC's writes go to frames (one per page: the new
+// frames of a remap whose dirty pages were copied) as well as to the
+// current ones, until SwitchFrames makes frames the only ones (or
+// StopTracking abandons them). It lets a remap resume placement before the
+// application's view has switched (an mmap, tens of µs): the application
+// reads the old frames until then, the new ones after, and both receive
+// every write. Needs a table made by NewPinnedFrames with tracking on
+// (direct access off), and the caller must have stopped every write and
+// waited for those in flight, so that old and new frames hold the same
+// bytes. Concurrent writes of overlapping bytes by different QPs may leave
+// the two frames different, as they may leave the bytes in any order
+// (IBTA orders operations within a QP only). Errors: a table not made by
+// NewPinnedFrames, tracking off, a wrong number of frames.
+func (t *Table) StartMirror(frames []hostmem.Frame) error {
+	if t.fp == nil {
+		return errors.New("pagetable: mirror of a table not made by NewPinnedFrames")
+	}
+	if !t.track.Load() {
+		return errors.New("pagetable: mirror without dirty tracking")
+	}
+	if len(frames) != len(t.pages) {
+		return fmt.Errorf("pagetable: mirror: %d frames for %d pages", len(frames), len(t.pages))
+	}
+	as := t.fpAS()
+	m := make([]*byte, len(frames))
+	for k, f := range frames {
+		p := as.FramePointer(f)
+		if k == 0 {
+			p = unsafe.Add(p, t.head)
+		}
+		m[k] = (*byte)(p)
+	}
+	t.mirror.Store(&m)
+	return nil
+}
+
+// copyMirror copies src, the bytes just written at region offset off, to
+// the mirror frames, page by page.
+func (t *Table) copyMirror(m []*byte, off uint64, src []byte) {
+	for len(src) > 0 {
+		v := off + t.head
+		k := int(v >> PageShift)
+		in := v & pageMask
+		if k == 0 {
+			in -= t.head
+		}
+		n := min(uint64(len(src)), PageSize-v&pageMask)
+		copy(unsafe.Slice((*byte)(unsafe.Add(unsafe.Pointer(m[k]), in)), n), src[:n])
+		src = src[n:]
+		off += n
+	}
+}
+
+// mirrorWord64 runs op on the word w at iova (found after the mirror m was
+// loaded) and copies the result to the word's new frame, the mirror's
+// atomics serialized so that the new word ends with the last result.
+func (t *Table) mirrorWord64(m []*byte, iova uint64, w *uint64, op func(*uint64) uint64) uint64 {
+	t.mirrorMu.Lock()
+	defer t.mirrorMu.Unlock()
+	r := op(w)
+	v := iova - t.iova + t.head
+	k := int(v >> PageShift)
+	in := v & pageMask
+	if k == 0 {
+		in -= t.head
+	}
+	atomic.StoreUint64((*uint64)(unsafe.Add(unsafe.Pointer(m[k]), in)), atomic.LoadUint64(w))
+	return r
+}
+
+// AtomicWord runs op (an atomic read-modify-write returning the original
+// value) on the 64-bit word at iova, which the NIC writes: Word64's checks
+// and results (OutOfRange, Misaligned, NotPresent, NoPermission), then op
+// on the word; during a remap's mirror (StartMirror) the word's new frame
+// gets the result too. It allocates nothing.
+func (t *Table) AtomicWord(iova uint64, op func(*uint64) uint64) (uint64, Result) {
+	mirror := t.mirror.Load() // before the frame: see CopyIn
+	w, r := t.Word64(iova, true)
+	if r != OK {
+		return 0, r
+	}
+	if mirror != nil {
+		return t.mirrorWord64(*mirror, iova, w, op), OK
+	}
+	return op(w), OK
+}
+
 // StopTracking ends dirty tracking without a switch (a remap that failed);
 // the table becomes direct again if its frames are contiguous.
 func (t *Table) StopTracking() {
+	t.mirror.Store(nil)
 	t.track.Store(false)
 	if t.fp != nil {
 		t.setFrames(t.fpAS(), t.fp.Frames())

@@ -14,11 +14,13 @@ import (
 // tracking and copies every page while traffic flows; the caller then
 // pauses placement at some scope (SuspendMR at least, which also waits for
 // the placements in flight) and calls Commit, which copies the pages
-// written meanwhile, switches the application's mapping and the NIC's
-// table to the new frames; then the caller resumes and calls Release.
+// written meanwhile and, for an ODP MR, switches the application's mapping
+// and the NIC's table to the new frames (for a pinned MR it makes the NIC
+// write both frames); then the caller resumes and calls Finish, which
+// switches a pinned MR's mapping and table, and Release.
 //
 // The application must not write the MR's pages itself between
-// PrepareRemap and Commit (see hostmem.Migration).
+// PrepareRemap and Finish (see hostmem.Migration).
 type Remapping struct {
 	e  *Engine
 	mr *MR
@@ -30,6 +32,11 @@ type Remapping struct {
 	Pages    int
 	Recopied int
 	Precopy  time.Duration
+	// ViewSwitch is the time Finish took (pinned MRs: the application's
+	// view switched while placement ran, the NIC writing both frames).
+	ViewSwitch time.Duration
+
+	mirrored bool // Commit left the view switch to Finish
 }
 
 // ErrNotRemappable: the MR's memory is not of the device's host address
@@ -97,17 +104,22 @@ func (r *Remapping) restoreLinear() {
 
 // Commit is the remap's critical section; the caller has paused placement
 // into the MR (SuspendMR, which waited for the placements in flight). It
-// copies the pages written since the pre-copy began, switches the
-// application's view (mmap MAP_FIXED onto the new frames) and the NIC's
-// translation to the new frames, and ends tracking. The new mapping takes
-// effect for the accesses after the caller resumes. On error the MR keeps
-// its old frames (and its data).
+// copies the pages written since the pre-copy began. For an ODP MR it then
+// switches the application's view (mmap MAP_FIXED onto the new frames) and
+// the NIC's translation to the new frames, and ends tracking: the new
+// mapping takes effect for the accesses after the caller resumes. For a
+// pinned MR the view switch, an mmap of tens of µs, is left to Finish,
+// after the caller has resumed: Commit only makes the NIC's writes go to
+// the new frames as well as the old ones (pagetable.Table.StartMirror), so
+// that both hold every byte until the view has switched. Commit holds the
+// host address space's lock until Finish. On error the MR keeps its old
+// frames (and its data).
 func (r *Remapping) Commit() error {
 	if r.m == nil {
 		return errors.New("placement: remap: commit after release")
 	}
 	mr := r.mr
-	err := r.m.Commit(func(m *hostmem.Migration) error {
+	copyDirty := func(m *hostmem.Migration) error {
 		// The writes are paused (and, for ODP, the invalidation has
 		// cleared the table and waited for its copies): the dirty set
 		// is final.
@@ -122,21 +134,67 @@ func (r *Remapping) Commit() error {
 		}
 		r.Recopied = len(dirty)
 		return nil
-	})
+	}
 	if mr.odp != nil {
+		err := r.m.Commit(copyDirty)
 		mr.odp.t.StopTracking()
 		if err != nil {
 			return fmt.Errorf("placement: remap: %w", err)
 		}
 		return nil
 	}
-	if err != nil {
+	if err := r.m.CommitCopy(copyDirty); err != nil {
+		r.restoreLinear()
+		return fmt.Errorf("placement: remap: %w", err)
+	}
+	if err := mr.table.StartMirror(r.m.New); err != nil {
+		// Cannot happen (a pinned table with tracking on): the view
+		// switch runs inside the pause.
+		return r.switchView()
+	}
+	r.mirrored = true
+	return nil
+}
+
+// Finish completes a pinned MR's remap after Commit, once the caller has
+// resumed placement (the NIC writes both frames meanwhile): the
+// application's view switches to the new frames (mmap MAP_FIXED), then the
+// NIC's table (which ends the mirror and the tracking), the writes that
+// may still be using the old frames are waited for, and the MR's linear
+// mapping comes back. ViewSwitch is set to the time it took. For an ODP
+// MR, or after a Commit that switched everything, it does nothing. On
+// error (the mmap failed) the MR keeps its old frames and its data; the
+// new ones go back at Release.
+func (r *Remapping) Finish() error {
+	if !r.mirrored {
+		return nil
+	}
+	r.mirrored = false
+	start := time.Now()
+	defer func() { r.ViewSwitch = time.Since(start) }()
+	return r.switchView()
+}
+
+// switchView switches a pinned MR's view and table after CommitCopy.
+func (r *Remapping) switchView() error {
+	mr := r.mr
+	if err := r.m.SwitchView(); err != nil {
+		// The view kept the old frames; the table still writes them
+		// (and, mirrored, the new ones: wait for those writes before
+		// Release gives the new frames back).
+		mr.table.StopTracking()
+		r.e.mrs.Synchronize()
+		mr.entry.Drain()
 		r.restoreLinear()
 		return fmt.Errorf("placement: remap: %w", err)
 	}
 	if err := mr.table.SwitchFrames(mr.table.FramePin().Frames()); err != nil {
 		return fmt.Errorf("placement: remap: %w", err)
 	}
+	// Copies that loaded the mirror before the switch may still write the
+	// old frames: wait for them before Release gives those back.
+	r.e.mrs.Synchronize()
+	mr.entry.Drain()
 	if flat, writable := mr.table.Linear(); flat != nil {
 		if err := r.e.mrs.SetLinear(mr.key, &flat[0], writable); err != nil {
 			return fmt.Errorf("placement: remap: %w", err)
@@ -145,12 +203,14 @@ func (r *Remapping) Commit() error {
 	return nil
 }
 
-// Release gives the old frames back after Commit, or abandons a remap that
-// was not committed (the MR keeps its frames; tracking ends).
+// Release gives the old frames back after Commit (and Finish, which it
+// runs if the caller did not), or abandons a remap that was not committed
+// (the MR keeps its frames; tracking ends).
 func (r *Remapping) Release() {
 	if r.m == nil {
 		return
 	}
+	_ = r.Finish()
 	r.m.Release()
 	r.m = nil
 }

@@ -256,11 +256,17 @@ func (e *Engine) AtomicQP(pd, qpn, rkey uint32, va uint64, op AtomicOp, swapAdd,
 			return orig, tableStatus(tr, true)
 		}
 		// Misaligned (InvalidRequest), or a region that is not mapped
-		// linearly: the table says which.
-		var tr pagetable.Result
-		if p, tr = sp.Entry.Value.table.Word64(va, true); tr != pagetable.OK {
-			return 0, tableStatus(tr, true)
+		// linearly: the table says which, and runs the operation (on
+		// both frames while a remap switches them: AtomicWord).
+		t := sp.Entry.Value.table
+		if op != CmpSwap && op != FetchAdd {
+			if _, tr := t.Word64(va, true); tr != pagetable.OK {
+				return 0, tableStatus(tr, true)
+			}
+			return 0, InvalidRequest
 		}
+		orig, tr := t.AtomicWord(va, func(w *uint64) uint64 { return atomicOn(w, op, swapAdd, compare) })
+		return orig, tableStatus(tr, true)
 	}
 	if op != CmpSwap && op != FetchAdd {
 		return 0, InvalidRequest
