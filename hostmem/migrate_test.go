@@ -209,3 +209,31 @@ func TestWarmViewChangesNothing(t *testing.T) {
 	require.Equal(t, want, b, "Commit copied every page")
 	m.Release()
 }
+
+// CommitCopy and SwitchView are Commit in two halves: the view keeps the
+// old frames until SwitchView, and the page map switches with it.
+func TestCommitCopyThenSwitchView(t *testing.T) {
+	s := newSpace(t, testSpace)
+	b, err := s.Alloc(2 * PageSize)
+	require.NoError(t, err)
+	addr := AddrOf(b)
+	fill(b, 9)
+	m, err := s.PrepareMigrate(addr, 2)
+	require.NoError(t, err)
+	require.ErrorContains(t, m.SwitchView(), "not copied")
+	require.NoError(t, m.CommitCopy(nil))
+	require.Error(t, m.Commit(nil), "copied once")
+	require.Equal(t, filled(2*PageSize, 9)[:PageSize], s.FrameBytes(m.New[0]), "copied")
+	// Between the halves the writers go on, writing both frames (the
+	// mirror); the application still reads the old ones.
+	copy(s.FrameBytes(m.Old[1])[7:], "both")
+	copy(s.FrameBytes(m.New[1])[7:], "both")
+	copy(s.FrameBytes(m.Old[0])[3:], "old only")
+	require.Equal(t, "old only", string(b[3:11]))
+	require.NoError(t, m.SwitchView())
+	require.Equal(t, m.New, frames(t, s, addr, 2))
+	require.Equal(t, "both", string(b[PageSize+7:PageSize+11]), "the view maps the new frames")
+	require.NotEqual(t, "old only", string(b[3:11]))
+	require.EqualValues(t, 2, s.Stats().MigratedPages)
+	m.Release()
+}

@@ -118,39 +118,55 @@ func (t *Table) SwitchFrames(frames []hostmem.Frame) error {
 	return nil
 }
 
-// StartMirror makes the NIC's writes go to frames (one per page: the new
-// frames of a remap whose dirty pages were copied) as well as to the
-// current ones, until SwitchFrames makes frames the only ones (or
-// StopTracking abandons them). It lets a remap resume placement before the
-// application's view has switched (an mmap, tens of µs): the application
-// reads the old frames until then, the new ones after, and both receive
-// every write. Needs a table made by NewPinnedFrames with tracking on
-// (direct access off), and the caller must have stopped every write and
-// waited for those in flight, so that old and new frames hold the same
-// bytes. Concurrent writes of overlapping bytes by different QPs may leave
-// the two frames different, as they may leave the bytes in any order
-// (IBTA orders operations within a QP only). Errors: a table not made by
-// NewPinnedFrames, tracking off, a wrong number of frames.
-func (t *Table) StartMirror(frames []hostmem.Frame) error {
+// Mirror is the new frames of a remap as the NIC writes them while the
+// view switches (NewMirror, StartMirror).
+type Mirror struct {
+	t     *Table
+	pages []*byte // NIC-side address of each page's new frame (page 0: of the region's first byte)
+}
+
+// NewMirror prepares the mirror of frames (one per page: the new frames of
+// a remap), outside the critical section: StartMirror then only installs
+// it. Errors: a table not made by NewPinnedFrames, a wrong number of
+// frames.
+func (t *Table) NewMirror(frames []hostmem.Frame) (*Mirror, error) {
 	if t.fp == nil {
-		return errors.New("pagetable: mirror of a table not made by NewPinnedFrames")
-	}
-	if !t.track.Load() {
-		return errors.New("pagetable: mirror without dirty tracking")
+		return nil, errors.New("pagetable: mirror of a table not made by NewPinnedFrames")
 	}
 	if len(frames) != len(t.pages) {
-		return fmt.Errorf("pagetable: mirror: %d frames for %d pages", len(frames), len(t.pages))
+		return nil, fmt.Errorf("pagetable: mirror: %d frames for %d pages", len(frames), len(t.pages))
 	}
 	as := t.fpAS()
-	m := make([]*byte, len(frames))
+	m := &Mirror{t: t, pages: make([]*byte, len(frames))}
 	for k, f := range frames {
 		p := as.FramePointer(f)
 		if k == 0 {
 			p = unsafe.Add(p, t.head)
 		}
-		m[k] = (*byte)(p)
+		m.pages[k] = (*byte)(p)
 	}
-	t.mirror.Store(&m)
+	return m, nil
+}
+
+// StartMirror makes the NIC's writes go to m's frames as well as to the
+// current ones, until SwitchFrames makes them the only ones (or
+// StopTracking abandons them). It lets a remap resume placement before the
+// application's view has switched (an mmap, tens of µs): the application
+// reads the old frames until then, the new ones after, and both receive
+// every write. Needs dirty tracking on (direct access off), and the
+// caller must have stopped every write and waited for those in flight, so
+// that old and new frames hold the same bytes. Concurrent writes of
+// overlapping bytes by different QPs may leave the two frames different,
+// as they may leave the bytes in any order (IBTA orders operations within
+// a QP only). Errors: a mirror of another table, tracking off.
+func (t *Table) StartMirror(m *Mirror) error {
+	if m == nil || m.t != t {
+		return errors.New("pagetable: mirror of another table")
+	}
+	if !t.track.Load() {
+		return errors.New("pagetable: mirror without dirty tracking")
+	}
+	t.mirror.Store(&m.pages)
 	return nil
 }
 

@@ -36,7 +36,8 @@ type Remapping struct {
 	// view switched while placement ran, the NIC writing both frames).
 	ViewSwitch time.Duration
 
-	mirrored bool // Commit left the view switch to Finish
+	mirror   *pagetable.Mirror // a pinned MR's new frames, for Commit's StartMirror
+	mirrored bool              // Commit left the view switch to Finish
 }
 
 // ErrNotRemappable: the MR's memory is not of the device's host address
@@ -86,9 +87,19 @@ func (e *Engine) PrepareRemap(mr *MR) (*Remapping, error) {
 		r.m.CopyPage(i)
 	}
 	r.Precopy = time.Since(start)
-	// The view switch is the critical section's largest part; run its
-	// system calls once now, so that Commit's run in warm caches.
-	r.m.WarmView()
+	if mr.odp == nil {
+		if r.mirror, err = mr.table.NewMirror(r.m.New); err != nil {
+			r.m.Abort()
+			r.restoreLinear()
+			return nil, fmt.Errorf("placement: remap: %w", err)
+		}
+	}
+	if mr.odp != nil {
+		// An ODP MR's view switch is the critical section's largest
+		// part: run its system calls once now, so that Commit's run in
+		// warm caches. (A pinned MR's switches after the resume.)
+		r.m.WarmView()
+	}
 	return r, nil
 }
 
@@ -147,7 +158,7 @@ func (r *Remapping) Commit() error {
 		r.restoreLinear()
 		return fmt.Errorf("placement: remap: %w", err)
 	}
-	if err := mr.table.StartMirror(r.m.New); err != nil {
+	if err := mr.table.StartMirror(r.mirror); err != nil {
 		// Cannot happen (a pinned table with tracking on): the view
 		// switch runs inside the pause.
 		return r.switchView()
