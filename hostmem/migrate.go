@@ -279,12 +279,15 @@ func (m *Migration) SwitchView() error {
 }
 
 // WarmView runs, before the critical section, the kernel work that Commit's
-// view switch will run, so that Commit finds it in the caches: one mmap
-// MAP_FIXED of the memfd onto the scratch view, of the shape of the
-// switch's first run (its length, at most 1024 pages, 4 MiB; the first new
-// frame's offset), and a mincore(2) of the application's view of the range
-// (which walks its VMAs and page tables without changing them). Nothing
-// is mapped into the application's view and nothing is touched.
+// view switch will run, so that Commit finds it in the caches or does not
+// have it to do: one mmap MAP_FIXED of the memfd onto the scratch view, of
+// the shape of the switch's first run (its length, at most 1024 pages, 4
+// MiB; the first new frame's offset), a mincore(2) of the application's
+// view of the range (which walks its VMAs and page tables), and an
+// madvise(MADV_DONTNEED) of that view, which drops its page-table entries
+// (the pages stay in the memfd, with their bytes; the next access to each
+// takes a minor fault, as it would after the switch). Nothing is mapped
+// into the application's view and no byte changes.
 //
 // Why: an mmap MAP_FIXED of 1 MiB costs 5-9 µs when the kernel ran one just
 // before, and 75-81 µs once the CPU has done other work for 10 ms (this
@@ -311,6 +314,10 @@ func (m *Migration) WarmView() {
 	}
 	_, _, _ = unix.Syscall(unix.SYS_MINCORE, uintptr(s.appPtr(m.p)), uintptr(len(m.New))<<PageShift,
 		uintptr(unsafe.Pointer(&m.vec[0])))
+	// Drop the view's page-table entries now: unmapping populated entries
+	// (an ODP table's, which copies through the view) cost the switch
+	// 95-120 µs against 17 µs without. The pages stay in the memfd.
+	_, _, _ = unix.Syscall(unix.SYS_MADVISE, uintptr(s.appPtr(m.p)), uintptr(len(m.New))<<PageShift, unix.MADV_DONTNEED)
 }
 
 // PopulateView populates the application's view of the migrated range
