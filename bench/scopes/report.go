@@ -40,17 +40,17 @@ func WriteTable(w io.Writer, cfg Config, rs []Result) error {
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "scope\tapplied\tpolicy\tremaps\tcrit p50 µs\tcrit p99 µs\tdirty pages\tcopy µs\tcrit−copy p50\tcrit−copy p99\t"+
-		"QPs paused\tuntouched ×\tsame PD ×\tother PD ×\twriters ×\tin remap ×\tremap µs\tduty\tcycles p25–p75\theld\tNAKed\tdropped\tdelayed KiB\t")
+		"QPs paused\tuntouched ×\tsame PD ×\tother PD ×\twriters ×\tin remap ×\tremap µs\tswitch µs\tduty\tcycles p25–p75\theld\tNAKed\tdropped\tdelayed KiB\t")
 	for _, r := range rs {
 		applied := r.Applied
 		if r.Widened {
 			applied += "*"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%.1f\t%.1f\t%.1f/%d\t%.1f\t%.1f\t%.1f\t%.2f (max %d)\t%s\t%s\t%s\t%s\t%s\t%.0f\t%.0f%%\t%.2f–%.2f\t%d\t%d\t%d\t%.1f\t\n",
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%.1f\t%.1f\t%.1f/%d\t%.1f\t%.1f\t%.1f\t%.2f (max %d)\t%s\t%s\t%s\t%s\t%s\t%.0f\t%.1f\t%.0f%%\t%.2f–%.2f\t%d\t%d\t%d\t%.1f\t\n",
 			r.Scope, applied, r.Policy, r.Remaps, r.CriticalP50Us, r.CriticalP99Us, r.DirtyPages, r.PagesMoved,
 			r.DirtyCopyMean, r.OverheadP50Us, r.OverheadP99Us, r.QPsPausedMean, r.QPsPausedMax,
 			ratio(r.Untouched), ratio(r.SamePD), ratio(r.OtherPD), ratio(r.TouchingRatio), ratio(r.UntouchedInRemap),
-			r.RemapWallP50Us, 100*r.RemapDuty, r.RatioP25, r.RatioP75,
+			r.RemapWallP50Us, r.ViewSwitchP50Us, 100*r.RemapDuty, r.RatioP25, r.RatioP75,
 			r.PacketsHeld, r.PacketsNAKed, r.PacketsDropped, r.DelayedPerRmp/1024)
 	}
 	if err := tw.Flush(); err != nil {
@@ -59,6 +59,7 @@ func WriteTable(w io.Writer, cfg Config, rs []Result) error {
 	fmt.Fprintln(w, "\n× : throughput in the slices with remaps over the slices without, interleaved with them; * : scope widened by the profile.")
 	fmt.Fprintln(w, "copy µs: mean per remap of the pages re-copied in the critical section × the median pre-copy time per page; crit−copy: critical section minus that copy, per remap.")
 	fmt.Fprintln(w, "in remap ×: untouched QPs while a remap call runs; remap µs: p50 wall time of the call; duty: share of the run inside remap calls;")
+	fmt.Fprintln(w, "switch µs: p50 time after the resume while the NIC writes old and new frames and the view switches (pinned MRs; 0: inside the pause);")
 	fmt.Fprintln(w, "cycles p25–p75: quartiles of the untouched ratio cycle by cycle (the noise); delayed KiB: bytes delayed per remap.")
 	for _, r := range rs {
 		if r.Scope != "mr" {

@@ -150,6 +150,14 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
+// Bounds of Config that Validate enforces: QPs per run, the duration of
+// one row, and the slices in it (each pays a settle time).
+const (
+	MaxQPs      = 1024
+	MaxDuration = 24 * time.Hour
+	MaxSlices   = 100000
+)
+
 // Validate checks a configuration with its defaults applied.
 func (c Config) Validate() error {
 	switch {
@@ -167,8 +175,16 @@ func (c Config) Validate() error {
 		return fmt.Errorf("scopes: window %d: 1 to 1024", c.Window)
 	case c.Duration <= 0 || c.Period <= 0 || c.Settle < 0:
 		return errors.New("scopes: duration and period must be positive")
+	case c.QPs > MaxQPs:
+		return fmt.Errorf("scopes: %d QPs: at most %d", c.QPs, MaxQPs)
+	case c.Duration > MaxDuration:
+		return fmt.Errorf("scopes: duration %v: at most %v", c.Duration, MaxDuration)
 	case c.Slice <= 0 || c.Slice > c.Duration:
 		return fmt.Errorf("scopes: slice %v: positive and at most the duration (%v)", c.Slice, c.Duration)
+	case c.Slice <= c.Settle:
+		return fmt.Errorf("scopes: slice %v: longer than the settle time (%v), which is not counted", c.Slice, c.Settle)
+	case c.Duration/c.Slice > MaxSlices:
+		return fmt.Errorf("scopes: slice %v: at most %d slices per duration (%v)", c.Slice, MaxSlices, c.Duration)
 	case c.Kind != Pinned && c.Kind != ODP:
 		return fmt.Errorf("scopes: MR kind %q: pinned or odp", c.Kind)
 	case c.Kind == ODP && c.Profile != softrdma.ProfileODP:
@@ -270,7 +286,12 @@ type Result struct {
 	// CPUs the process kept busy (user + system time over wall time) in
 	// the slices with remaps and in those without.
 	RemapWallP50Us float64 `json:"remap_wall_p50_us"`
-	RemapDuty      float64 `json:"remap_duty"`
+	// ViewSwitchP50Us is the p50 of RemapReport.ViewSwitchUs: for pinned
+	// MRs the time after the resume while the NIC writes both frames and
+	// the application's view switches (0 for ODP MRs, whose view switches
+	// inside the critical section).
+	ViewSwitchP50Us float64 `json:"view_switch_p50_us"`
+	RemapDuty       float64 `json:"remap_duty"`
 	CPUs           float64 `json:"cpus"`
 	BaselineCPUs   float64 `json:"baseline_cpus"`
 
@@ -857,13 +878,14 @@ func (b *bed) result(row *remapRun, m measurement) Result {
 		}
 	}
 	pageUs := pct(perPage, 50)
-	var crit, pre, dirtyCopy, over, paused []float64
+	var crit, pre, dirtyCopy, over, paused, view []float64
 	var dirty float64
 	for _, rep := range row.reports {
 		if rep.Scope.Valid() {
 			r.Applied, r.Widened = rep.Scope.String(), rep.Widened
 		}
 		crit = append(crit, rep.CriticalUs)
+		view = append(view, rep.ViewSwitchUs)
 		pre = append(pre, rep.PrecopyUs)
 		dc := float64(rep.PagesRecopied) * pageUs
 		dirtyCopy = append(dirtyCopy, dc)
@@ -884,6 +906,7 @@ func (b *bed) result(row *remapRun, m measurement) Result {
 	}
 	r.CriticalP50Us, r.CriticalP99Us, r.CriticalMaxUs = pct(crit, 50), pct(crit, 99), pct(crit, 100)
 	r.PrecopyP50Us = pct(pre, 50)
+	r.ViewSwitchP50Us = pct(view, 50)
 	r.DirtyCopyP50 = pct(dirtyCopy, 50)
 	if len(dirtyCopy) > 0 {
 		r.DirtyCopyMean = mean(dirtyCopy)

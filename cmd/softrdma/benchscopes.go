@@ -2,9 +2,13 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/softrdma/softrdma"
@@ -27,7 +31,7 @@ type benchScopesCmd struct {
 	Size        byteSize      `short:"s" name:"size" default:"16K" help:"Bytes per RDMA WRITE."`
 	Window      int           `short:"t" name:"tx-depth" default:"8" help:"WRITEs outstanding per QP."`
 	Duration    time.Duration `short:"D" name:"duration" default:"500ms" help:"Time each scope × policy runs with remaps; it runs as long again without, in interleaved slices."`
-	Slice       time.Duration `name:"slice" default:"100ms" help:"Length of one slice with or without remaps (ABBA order)."`
+	Slice       time.Duration `name:"slice" default:"100ms" help:"Length of one slice with or without remaps (ABBA order; at most -D, longer than --settle)."`
 	Settle      time.Duration `name:"settle" default:"10ms" help:"Traffic not counted at the start of each slice."`
 	Period      time.Duration `short:"T" name:"period" default:"10ms" help:"T: a remap of MR 0 starts every T."`
 	Scope       []string      `name:"scope" default:"mr,qp-allowed,pd,device" help:"Scopes to run (mr, qp-allowed, pd, device), comma-separated."`
@@ -41,6 +45,7 @@ type benchScopesCmd struct {
 	CSV         string        `name:"csv" placeholder:"FILE" help:"Also write the results as CSV to FILE."`
 	JSON        bool          `name:"json" help:"Print the results as JSON instead of the table."`
 	Plot        string        `name:"plot" placeholder:"FILE.svg" help:"Also plot the results into FILE (.svg, .png or .pdf)."`
+	MaxMem      byteSize      `name:"max-mem" default:"4G" help:"Most bytes of MRs the responder registers (--mrs × --mr-size)."`
 }
 
 // config converts the flags.
@@ -49,6 +54,12 @@ func (c *benchScopesCmd) config() (scopes.Config, error) {
 		QPs: c.QPs, MRs: c.MRs, PDs: c.PDs, MRSize: int(c.MRSize), MsgSize: int(c.Size), Window: c.Window,
 		Duration: c.Duration, Slice: min(c.Slice, c.Duration), Settle: c.Settle, Period: c.Period, Profile: softrdma.Profile(c.Profile),
 		Kind: scopes.MRKind(c.MRKind), NoAdvertise: c.NoAdvertise, RNRTimer: c.RNRTimer, Controls: c.Controls,
+	}
+	if len(c.Scope) == 0 {
+		return cfg, errors.New("--scope: no scope given")
+	}
+	if len(c.Policy) == 0 {
+		return cfg, errors.New("--policy: no policy given")
 	}
 	for _, s := range c.Scope {
 		sc, err := softrdma.ParseScope(s)
@@ -67,8 +78,17 @@ func (c *benchScopesCmd) config() (scopes.Config, error) {
 	if c.Settle == 0 {
 		cfg.Settle = time.Nanosecond // 0 means the default in scopes.Config
 	}
-	if c.RNRTimer == 0 {
-		return cfg, fmt.Errorf("--rnr-timer 0 (655 ms) is not supported here: use 1-31")
+	if c.RNRTimer == 0 || c.RNRTimer > 31 {
+		return cfg, fmt.Errorf("--rnr-timer %d: 1-31 (0, 655 ms, is not supported here)", c.RNRTimer)
+	}
+	if c.MRSize > 0 && int64(c.MRs) > int64(c.MaxMem)/int64(c.MRSize) {
+		return cfg, fmt.Errorf("--mrs %d × --mr-size %d bytes: more than --max-mem %d", c.MRs, int64(c.MRSize), int64(c.MaxMem))
+	}
+	if c.QPs > scopes.MaxQPs {
+		return cfg, fmt.Errorf("-q/--qps %d: at most %d", c.QPs, scopes.MaxQPs)
+	}
+	if c.Plot != "" && !slices.Contains([]string{".svg", ".png", ".pdf"}, strings.ToLower(filepath.Ext(c.Plot))) {
+		return cfg, fmt.Errorf("--plot %s: the file name must end in .svg, .png or .pdf", c.Plot)
 	}
 	// The flags have explicit defaults, so a 0 here was typed: refuse it
 	// rather than let scopes.Config take it for "default".
@@ -94,6 +114,19 @@ func (c *benchScopesCmd) run(ctx context.Context, stdout, stderr io.Writer) int 
 	if err != nil {
 		fmt.Fprintf(stderr, "softrdma: bench scopes: %v\n", err)
 		return exitUsage
+	}
+	// The output files are created before the run, so that a path that
+	// cannot be written does not cost the run's results.
+	for _, f := range []struct{ flag, path string }{{"--csv", c.CSV}, {"--plot", c.Plot}} {
+		if f.path == "" {
+			continue
+		}
+		w, err := os.Create(f.path)
+		if err != nil {
+			fmt.Fprintf(stderr, "softrdma: bench scopes: %s: %v\n", f.flag, err)
+			return exitFail
+		}
+		w.Close()
 	}
 	cfg.Logf = func(format string, args ...any) { fmt.Fprintf(stderr, format+"\n", args...) }
 	if c.Netns {

@@ -40,15 +40,35 @@ func TestBenchScopes(t *testing.T) {
 }
 
 func TestBenchScopesBadFlags(t *testing.T) {
-	for _, args := range [][]string{
-		{"bench", "scopes", "--scope", "page"},
-		{"bench", "scopes", "--policy", "drop"},
-		{"bench", "scopes", "--mrs", "2", "--pds", "3"},
-		{"bench", "scopes", "--mr-kind", "odp", "--profile", "t3"},
+	for _, c := range []struct {
+		args []string
+		msg  string
+	}{
+		{[]string{"--scope", "page"}, ""},
+		{[]string{"--policy", "drop"}, ""},
+		{[]string{"--mrs", "2", "--pds", "3"}, ""},
+		{[]string{"--mr-kind", "odp", "--profile", "t3"}, ""},
+		// Each of these used to run (out of memory, for ever, or into an
+		// internal error): refused before anything is allocated.
+		{[]string{"--mrs", "8", "--mr-size", "64G"}, "--mrs 8 × --mr-size 68719476736 bytes: more than --max-mem 4294967296"},
+		{[]string{"--mr-size", "2M", "--mrs", "4", "--max-mem", "4M"}, "more than --max-mem 4194304"},
+		{[]string{"--slice", "1ns"}, "longer than the settle time"},
+		{[]string{"-D", "100000h"}, "at most 24h0m0s"},
+		{[]string{"-q", "2000"}, "-q/--qps 2000: at most 1024"},
+		{[]string{"--plot", "out.txt"}, "must end in .svg, .png or .pdf"},
+		{[]string{"--scope="}, "--scope: no scope given"},
+		{[]string{"--policy="}, "--policy: no policy given"},
+		{[]string{"--rnr-timer", "32"}, "--rnr-timer 32: 1-31"},
 	} {
-		code, _, _ := runCLI(t, args...)
-		require.Equal(t, exitUsage, code, "%v", args)
+		code, _, errOut := runCLI(t, append([]string{"bench", "scopes"}, c.args...)...)
+		require.Equal(t, exitUsage, code, "%v: %s", c.args, errOut)
+		require.Contains(t, errOut, c.msg, "%v", c.args)
 	}
+	// An output file that cannot be created fails before the run.
+	code, out, errOut := runCLI(t, "bench", "scopes", "--csv", filepath.Join(t.TempDir(), "no", "dir.csv"))
+	require.Equal(t, exitFail, code)
+	require.Contains(t, errOut, "--csv: open")
+	require.Empty(t, out, "nothing ran")
 }
 
 // TestBenchScopesNetns runs the experiment with --netns: the devices in
