@@ -292,8 +292,8 @@ type Result struct {
 	// inside the critical section).
 	ViewSwitchP50Us float64 `json:"view_switch_p50_us"`
 	RemapDuty       float64 `json:"remap_duty"`
-	CPUs           float64 `json:"cpus"`
-	BaselineCPUs   float64 `json:"baseline_cpus"`
+	CPUs            float64 `json:"cpus"`
+	BaselineCPUs    float64 `json:"baseline_cpus"`
 
 	// Reports are the remaps' own reports, in order (not in the JSON or
 	// CSV output).
