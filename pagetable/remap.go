@@ -108,8 +108,8 @@ func (t *Table) SwitchFrames(frames []hostmem.Frame) error {
 	t.seq.Add(1)
 	t.setFrames(t.fpAS(), frames)
 	// After the frames (see CopyIn): from here on a copy that finds no
-	// mirror finds the new frames.
-	t.mirror.Store(nil)
+	// mirror finds the new frames. Under mirrorMu: see mirrorWord64.
+	t.clearMirror()
 	t.track.Store(false)
 	for k := range t.pages {
 		t.pages[k].flags.And(^uint32(Dirty))
@@ -170,6 +170,14 @@ func (t *Table) StartMirror(m *Mirror) error {
 	return nil
 }
 
+// clearMirror ends the mirror, under mirrorMu so that no mirrored atomic
+// is between its operation and its copy (mirrorWord64).
+func (t *Table) clearMirror() {
+	t.mirrorMu.Lock()
+	t.mirror.Store(nil)
+	t.mirrorMu.Unlock()
+}
+
 // copyMirror copies src, the bytes just written at region offset off, to
 // the mirror frames, page by page.
 func (t *Table) copyMirror(m []*byte, off uint64, src []byte) {
@@ -189,9 +197,21 @@ func (t *Table) copyMirror(m []*byte, off uint64, src []byte) {
 
 // mirrorWord64 runs op on the word w at iova (found after the mirror m was
 // loaded) and copies the result to the word's new frame, the mirror's
-// atomics serialized so that the new word ends with the last result.
-func (t *Table) mirrorWord64(m []*byte, iova uint64, w *uint64, op func(*uint64) uint64) uint64 {
+// atomics serialized so that the new word ends with the last result. If
+// SwitchFrames ended the mirror meanwhile (it clears it under mirrorMu),
+// the word is looked up again and op runs on the new frame alone: an
+// atomic that found no mirror may be running on it, and the old word's
+// value must not be copied over its result.
+func (t *Table) mirrorWord64(m []*byte, iova uint64, w *uint64, op func(*uint64) uint64) (uint64, Result) {
 	t.mirrorMu.Lock()
+	if t.mirror.Load() == nil {
+		t.mirrorMu.Unlock()
+		w, r := t.Word64(iova, true)
+		if r != OK {
+			return 0, r
+		}
+		return op(w), OK
+	}
 	defer t.mirrorMu.Unlock()
 	r := op(w)
 	v := iova - t.iova + t.head
@@ -201,7 +221,7 @@ func (t *Table) mirrorWord64(m []*byte, iova uint64, w *uint64, op func(*uint64)
 		in -= t.head
 	}
 	atomic.StoreUint64((*uint64)(unsafe.Add(unsafe.Pointer(m[k]), in)), atomic.LoadUint64(w))
-	return r
+	return r, OK
 }
 
 // AtomicWord runs op (an atomic read-modify-write returning the original
@@ -216,7 +236,7 @@ func (t *Table) AtomicWord(iova uint64, op func(*uint64) uint64) (uint64, Result
 		return 0, r
 	}
 	if mirror != nil {
-		return t.mirrorWord64(*mirror, iova, w, op), OK
+		return t.mirrorWord64(*mirror, iova, w, op)
 	}
 	return op(w), OK
 }
@@ -224,7 +244,7 @@ func (t *Table) AtomicWord(iova uint64, op func(*uint64) uint64) (uint64, Result
 // StopTracking ends dirty tracking without a switch (a remap that failed);
 // the table becomes direct again if its frames are contiguous.
 func (t *Table) StopTracking() {
-	t.mirror.Store(nil)
+	t.clearMirror()
 	t.track.Store(false)
 	if t.fp != nil {
 		t.setFrames(t.fpAS(), t.fp.Frames())

@@ -133,3 +133,27 @@ func wordAt(b []byte, off uint64) *uint64 {
 	}
 	return &v
 }
+
+// An atomic that loaded the mirror and its (old) word before SwitchFrames,
+// and runs after it, must not copy the old word over the new one, which an
+// atomic that found no mirror may have changed: it runs on the new word.
+func TestMirroredAtomicAfterSwitchRunsOnTheNewWord(t *testing.T) {
+	_, mem, tab, m := pinnedFrames(t)
+	mir, err := tab.NewMirror(m.New)
+	require.NoError(t, err)
+	require.NoError(t, tab.StartMirror(mir))
+	iova := (hostmem.AddrOf(mem) + 7) &^ 7
+	old, r := tab.Word64(iova, true)
+	require.Equal(t, pagetable.OK, r)
+	require.NoError(t, tab.SwitchFrames(m.New))
+	neu, r := tab.Word64(iova, true)
+	require.Equal(t, pagetable.OK, r)
+	require.NotSame(t, old, neu)
+	*old, *neu = 7, 100 // another atomic already ran on the new word
+	add := func(w *uint64) uint64 { return atomic.AddUint64(w, 1) - 1 }
+	orig, r := tab.MirrorWord64(mir, iova, old, add)
+	require.Equal(t, pagetable.OK, r)
+	require.EqualValues(t, 100, orig)
+	require.EqualValues(t, 101, *neu)
+	require.EqualValues(t, 7, *old, "the old word is not touched")
+}
