@@ -112,7 +112,7 @@ type RemapReport struct {
 	Policy           PausePolicy
 	PrecopyUs        float64 // pre-copy of every page, traffic flowing (µs)
 	CriticalUs       float64 // from the pause to the resume (µs)
-	ViewSwitchUs     float64 // pinned MRs: the application's view switched after the resume, the NIC writing old and new frames meanwhile (µs)
+	ViewSwitchUs     float64 // pinned MRs: time after the resume while the NIC writes old and new frames: the application's mapping, then the NIC's table switch, the copies in flight are waited for (µs); 0 for ODP MRs, which switch inside the critical section
 	PagesMoved       int     // pages switched to new frames
 	PagesRecopied    int     // pages written during the pre-copy, copied again in the critical section
 	QPsPaused        int     // QPs that had a packet held or NAKed
@@ -123,18 +123,25 @@ type RemapReport struct {
 }
 
 // Remap moves mr's pages to new frames while traffic runs (the remap
-// protocol): dirty tracking and a pre-copy of every page with traffic
-// flowing; then the critical section — placement paused at scope (widened
-// to the device's finest, and always including mr itself), the placements
-// in flight waited for, the pages dirtied meanwhile copied again, the
-// application's mapping (mmap MAP_FIXED onto the new frames) and the NIC's
-// translation switched — and resume; the held packets are replayed. For a
-// pinned MR the mapping's switch (an mmap, tens of µs) runs after the
-// resume instead, the NIC writing every byte to the old and the new frames
-// until it is done (ViewSwitchUs), so that the application, which reads the
-// old frames until then and the new ones after, misses no write. It
-// works for pinned MRs and explicit ODP MRs on the device's AddressSpace.
-// The application must not itself write mr's pages during the remap.
+// protocol, docs/scopes.md): dirty tracking and a pre-copy of every page
+// with traffic flowing; then the critical section — placement paused at
+// scope (widened to the device's finest, and always including mr itself),
+// the placements in flight waited for, the pages dirtied meanwhile copied
+// again — and resume; the held packets are replayed. Inside the critical
+// section an ODP MR's application mapping (mmap MAP_FIXED onto the new
+// frames) and NIC translation also switch. A pinned MR's switch the
+// critical section only prepares: the NIC writes every byte to the old and
+// the new frames from then on, and after the resume the application's
+// mapping switches, then the NIC's table (which ends the double writes),
+// the copies still writing the old frames are waited for, and the MR's
+// linear mapping comes back (ViewSwitchUs). The application reads the old
+// frames until its mapping switches and the new ones after; both hold
+// every write completed before, so a write whose completion it has seen is
+// never missing. (Writes of the same bytes by different QPs at the same
+// moment are unordered, as IBTA leaves them, and may then differ between
+// the old and the new frames.) It works for pinned MRs and explicit ODP
+// MRs on the device's AddressSpace. The application must not itself write
+// mr's pages during the remap.
 //
 // Errors: placement.ErrNotRemappable (memory not of the address space, an
 // implicit ODP MR), an invalid scope or policy, a deregistered MR; the
