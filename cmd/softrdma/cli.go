@@ -75,10 +75,11 @@ type toolCmd struct {
 
 // demoCmd holds the flags of `softrdma demo`.
 type demoCmd struct {
-	File   string  `type:"existingfile" placeholder:"PATH" help:"File to move (default: this program's binary)."`
-	Size   msgSize `short:"s" default:"65536" help:"Message size in bytes (K, M suffixes)."`
-	Impair string  `placeholder:"SPEC" help:"Impair both NICs' traffic, e.g. loss=0.01,reorder=0.01,seed=7."`
-	Pcap   string  `placeholder:"FILE" help:"Record both NICs' datagrams in a pcap file."`
+	File    string        `type:"existingfile" placeholder:"PATH" help:"File to move (default: this program's binary)."`
+	Size    msgSize       `short:"s" default:"65536" help:"Message size in bytes (K, M suffixes)."`
+	Impair  string        `placeholder:"SPEC" help:"Impair both NICs' traffic, e.g. loss=0.01,reorder=0.01,seed=7."`
+	Pcap    string        `placeholder:"FILE" help:"Record both NICs' datagrams in a pcap file."`
+	Timeout time.Duration `default:"2m" help:"Most time each transfer may take (under heavy --impair loss the QPs retry for ever, as rxe's)."`
 }
 
 // options converts the flags of test into runner options.

@@ -124,6 +124,8 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"read-lat", "--file", "main.go", "127.0.0.1"}, "--file and --out are for the BW tools"},
 		{[]string{"demo", "--impair", "loss=5"}, "not a probability"},
 		{[]string{"demo", "-s", "0"}, "at least 1 byte"},
+		{[]string{"demo", "-s", "3G"}, "-s 3221225472: must be 1 to 2^31 bytes"},
+		{[]string{"demo", "--timeout", "0s"}, "--timeout 0s: must be positive"},
 		{[]string{"write-bw", "-m", "100"}, "MTU 100 (-m)"}, // a server's own flags are checked too
 		{[]string{"write-bw", "-n", "4"}, "iterations 4 (-n): must be 5"},
 		{[]string{"write-bw", "-s", "0", "h"}, "at least 1 byte"},
@@ -211,6 +213,18 @@ func TestDemoWithImpairmentAndPcap(t *testing.T) {
 	st, err := os.Stat(pcap)
 	require.NoError(t, err)
 	assert.Greater(t, st.Size(), int64(100_000))
+}
+
+// TestDemoTimeout: with every packet lost no transfer can finish (the QPs
+// retry for ever, as rxe's with retry_cnt 7); --timeout ends each, and the
+// demo fails with the reason instead of hanging.
+func TestDemoTimeout(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "payload")
+	require.NoError(t, os.WriteFile(path, make([]byte, 10_000), 0o600))
+	code, out, _ := runCLI(t, "demo", "--file", path, "--impair", "loss=1,seed=1", "--timeout", "300ms")
+	require.Equal(t, exitFail, code)
+	assert.Equal(t, 3, strings.Count(out, "FAILED: not done within 300ms (--timeout)"), out)
+	assert.Contains(t, out, "FAIL: 3 of 3 transfers did not arrive intact")
 }
 
 // TestInterrupted: a run ended by Ctrl-C says "interrupted", not Go's

@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/softrdma/softrdma"
 	"github.com/softrdma/softrdma/cmd/softrdma/internal/perf"
@@ -31,8 +32,11 @@ type Options struct {
 	Size   int64  // message size; default 65536
 	Impair string // conn.ParseImpairment syntax, applied to both NICs
 	Pcap   string // record both NICs' datagrams here
-	Stdout io.Writer
-	Logf   func(format string, args ...any)
+	// Timeout bounds each transfer (default 2 minutes): under heavy
+	// --impair loss a QP retries for ever (retry_cnt 7, as rxe).
+	Timeout time.Duration
+	Stdout  io.Writer
+	Logf    func(format string, args ...any)
 }
 
 // ErrFailed is returned when a transfer did not arrive intact.
@@ -62,6 +66,15 @@ func Run(ctx context.Context, o Options) error {
 	}
 	if o.Size == 0 {
 		o.Size = perf.DefSizeBW
+	}
+	if o.Timeout == 0 {
+		o.Timeout = 2 * time.Minute
+	}
+	if o.Timeout < 0 {
+		return fmt.Errorf("--timeout %v: must be positive (%w)", o.Timeout, perf.ErrUsage)
+	}
+	if o.Size < 1 || o.Size > 1<<31 {
+		return fmt.Errorf("-s %d: must be 1 to 2^31 bytes (%w)", o.Size, perf.ErrUsage)
 	}
 	if o.File == "" {
 		exe, err := os.Executable()
@@ -114,7 +127,12 @@ func Run(ctx context.Context, o Options) error {
 		fmt.Fprintf(w, " %s: %s\n", op.name, op.how)
 		fmt.Fprintln(w, report.BWHeader(report.MBps))
 		out := filepath.Join(tmp, strings.ReplaceAll(op.test.String(), "-", "_")+".out")
-		res, err := transfer(ctx, op.test, o.File, out, o.Size, devs, o.Logf)
+		tctx, cancel := context.WithTimeout(ctx, o.Timeout)
+		res, err := transfer(tctx, op.test, o.File, out, o.Size, devs, o.Logf)
+		if err != nil && ctx.Err() == nil && tctx.Err() != nil {
+			err = fmt.Errorf("not done within %v (--timeout); with --impair loss a QP retries for ever, as rxe's retry_cnt 7", o.Timeout)
+		}
+		cancel()
 		if res != nil && len(res.Report.BW) > 0 {
 			r := res.Report.BW[0]
 			fmt.Fprintf(w, " %-7d    %-10d       %-7.2f            %-7.2f\t\t   %-7.6f\n",
