@@ -176,8 +176,9 @@ func (qp *QP) onAETH(syn wire.Syndrome, psn wire.PSN) bool {
 		}
 		c.psn = psn
 		if c.rnrRetry == 0 {
-			qp.fail(qp.oldest(), WCRNRRetryExcErr)
+			// The counter first: a test that polls the WC reads it.
 			ctr.RetryRNRExceededErr.Add(1)
+			qp.fail(qp.oldest(), WCRNRRetryExcErr)
 			return false
 		}
 		if c.rnrRetry != 7 {
@@ -207,8 +208,8 @@ func (qp *QP) onAETH(syn wire.Syndrome, psn wire.PSN) bool {
 			}
 			c.nakRetryPending, c.nakRetryPSN = true, psn
 			if c.retryCnt == 0 {
-				qp.fail(qp.oldest(), WCRetryExcErr)
 				ctr.RetryExceededErr.Add(1)
+				qp.fail(qp.oldest(), WCRetryExcErr)
 				return false
 			}
 			if c.retryCnt != 7 {

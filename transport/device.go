@@ -449,12 +449,15 @@ func (d *Device) rxLoop() {
 		for i := range n {
 			d.handle(&pkts[i], &p)
 		}
+		// Quiescent state: nothing found in the STag table during the
+		// batch is used any more (the packets to send were copied into
+		// the batch's slab), and the gates are not checked again until
+		// the next batch; a DeregMR or a suspension waiting for a grace
+		// period may proceed without waiting for the sends below.
+		// Always before Receive blocks.
+		d.reader.Quiesce()
 		d.flushAcks()
 		d.rxTx.flush()
-		// Quiescent state: nothing found in the STag table during the
-		// batch is used any more; a DeregMR waiting for a grace period
-		// may proceed. Always before Receive blocks.
-		d.reader.Quiesce()
 	}
 }
 

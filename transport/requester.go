@@ -378,8 +378,8 @@ func (qp *QP) onTimer() {
 	}
 	if c.retryCnt == 0 {
 		c.timerArmed = false
+		qp.dev.counters.RetryExceededErr.Add(1) // before the WC, which a reader of the counter waits for
 		qp.fail(qp.oldest(), WCRetryExcErr)
-		qp.dev.counters.RetryExceededErr.Add(1)
 		qp.fatal = false
 		qp.sq.Unlock()
 		qp.flush()
