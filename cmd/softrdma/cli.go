@@ -39,7 +39,7 @@ type toolCmd struct {
 	Iters       count    `short:"n" help:"Iterations per QP. Default: 5000 (BW), 1000 (lat)."`
 	Duration    seconds  `short:"D" help:"Run for this many seconds (or a Go duration like 500ms) instead of -n."`
 	All         bool     `short:"a" help:"Run sizes 2 to 2^23 bytes."`
-	MTU         int      `short:"m" name:"mtu" help:"Path MTU: 256, 512, 1024, 2048 or 4096, at most the port's active MTU (larger: the active MTU, with a notice). Default: the port's active MTU, the link's MTU less the RoCEv2 headers (1500: 1024; 9000: 4096). The two sides use the smaller of theirs."`
+	MTU         mtuFlag  `short:"m" name:"mtu" help:"Path MTU: 256, 512, 1024, 2048 or 4096, at most the port's active MTU (larger: the active MTU, with a notice). Default: the port's active MTU, the link's MTU less the RoCEv2 headers (1500: 1024; 9000: 4096). The two sides use the smaller of theirs."`
 	TxDepth     count    `short:"t" name:"tx-depth" help:"Outstanding send WRs per QP. Default: 128 (BW), 1 (lat)."`
 	RxDepth     count    `short:"r" name:"rx-depth" help:"Receives posted per QP (SEND tests). Default: 512."`
 	CQMod       count    `short:"Q" name:"cq-mod" help:"Request a completion every this many sends (BW). Default: 100."`
@@ -114,7 +114,7 @@ func (c *toolCmd) options(test perf.Test) (*perf.Options, error) {
 		return nil, fmt.Errorf("-p %d: not an rdma_cm port", c.Port)
 	}
 	p := perf.Params{
-		Size: int64(c.Size), Iters: int64(c.Iters), Duration: time.Duration(c.Duration), All: c.All, MTU: c.MTU,
+		Size: int64(c.Size), Iters: int64(c.Iters), Duration: time.Duration(c.Duration), All: c.All, MTU: int(c.MTU),
 		TxDepth: int(c.TxDepth), RxDepth: int(c.RxDepth), CQMod: int(c.CQMod), QPs: int(c.QPs), Inline: c.Inline,
 		Atomic: c.Atomic, Verify: c.Verify, Seed: c.Seed, QPTimeout: int(c.QPTimeout),
 	}
@@ -220,6 +220,23 @@ func (c *count) UnmarshalText(text []byte) error {
 	*c = count(n)
 	return nil
 }
+
+// mtuFlag is -m of the perftest tools: unset (0) stands for the port's
+// active MTU; a value given, 0 included, must be one of IBTA's five (the
+// range check, with its message, is perf's).
+type mtuFlag int
+
+func (m *mtuFlag) UnmarshalText(text []byte) error {
+	n, err := strconv.Atoi(strings.TrimSpace(string(text)))
+	if err != nil || n < 1 {
+		return fmt.Errorf("%q: must be 256, 512, 1024, 2048 or 4096", text)
+	}
+	*m = mtuFlag(n)
+	return nil
+}
+
+// Decode implements kong.MapperValue.
+func (m *mtuFlag) Decode(ctx *kong.DecodeContext) error { return decodeText(ctx, "MTU", m) }
 
 // seconds is a duration given as whole seconds (perftest's -D) or as a Go
 // duration, longer than 0.

@@ -127,6 +127,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"demo", "-s", "3G"}, "-s 3221225472: must be 1 to 2^31 bytes"},
 		{[]string{"demo", "--timeout", "0s"}, "--timeout 0s: must be positive"},
 		{[]string{"write-bw", "-m", "100"}, "MTU 100 (-m)"}, // a server's own flags are checked too
+		{[]string{"write-bw", "-m", "0", "127.0.0.1"}, "must be 256, 512, 1024, 2048 or 4096"},
 		{[]string{"write-bw", "-n", "4"}, "iterations 4 (-n): must be 5"},
 		{[]string{"write-bw", "-s", "0", "h"}, "at least 1 byte"},
 		{[]string{"write-bw", "-n", "0", "h"}, "at least 1"},
