@@ -55,7 +55,7 @@ func checkResults(t *testing.T, cfg scopes.Config, rs []scopes.Result) {
 		require.Positive(t, r.CriticalP50Us)
 		require.GreaterOrEqual(t, r.CriticalP99Us, r.CriticalP50Us)
 		require.Equal(t, cfg.QPs, r.Touching+r.UntouchedSame+r.UntouchedElse)
-		require.Positive(t, r.BaselineMBps)
+		require.Positive(t, r.BaselineMBps, "%s/%s: no WRITE completed in the slices without remaps: %+v", r.Scope, r.Policy, r)
 		require.Equal(t, 2, r.Cycles)
 		require.LessOrEqual(t, r.RatioP25, r.RatioP75)
 		switch sc {
