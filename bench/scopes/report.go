@@ -34,8 +34,12 @@ func WriteTable(w io.Writer, cfg Config, rs []Result) error {
 		cfg.Period, cfg.Duration, cfg.Duration, cfg.Slice, cfg.Profile)
 	if len(rs) > 0 {
 		r := rs[0]
-		fmt.Fprintf(w, "QPs writing MR 0: %d; others: %d in its PD, %d in other PDs; untouched QPs without remaps %.0f MB/s (first row)\n",
-			r.Touching, r.UntouchedSame, r.UntouchedElse, r.BaselineMBps)
+		base := "none"
+		if !math.IsNaN(float64(r.BaselineMBps)) {
+			base = fmt.Sprintf("%.0f MB/s", float64(r.BaselineMBps))
+		}
+		fmt.Fprintf(w, "QPs writing MR 0: %d; others: %d in its PD, %d in other PDs; untouched QPs without remaps %s (first row)\n",
+			r.Touching, r.UntouchedSame, r.UntouchedElse, base)
 	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
@@ -72,11 +76,22 @@ func WriteTable(w io.Writer, cfg Config, rs []Result) error {
 			return "NOT met"
 		}
 		fmt.Fprintf(w, "targets (issue 4), mr scope, %s: untouched QPs %.3f× (target ≥ %.2f×: %s); critical section minus dirty copy p50 %.1f µs, p99 %.1f µs (target ≤ %d µs: p50 %s, p99 %s)\n",
-			r.Policy, float64(r.Untouched), TargetUntouchedRatio, verdict(float64(r.Untouched) >= TargetUntouchedRatio),
+			r.Policy, float64(r.Untouched), TargetUntouchedRatio, untouchedVerdict(r.Untouched),
 			r.OverheadP50Us, r.OverheadP99Us, TargetOverheadUs,
 			verdict(r.OverheadP50Us <= TargetOverheadUs), verdict(r.OverheadP99Us <= TargetOverheadUs))
 	}
 	return nil
+}
+
+// untouchedVerdict is target (a)'s verdict: n/a when every QP writes MR 0.
+func untouchedVerdict(r Ratio) string {
+	switch {
+	case math.IsNaN(float64(r)):
+		return "n/a, no QP leaves MR 0 untouched"
+	case float64(r) >= TargetUntouchedRatio:
+		return "met"
+	}
+	return "NOT met"
 }
 
 func ratio(r Ratio) string {

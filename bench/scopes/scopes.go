@@ -182,7 +182,7 @@ func (c Config) Validate() error {
 	case c.Slice <= 0 || c.Slice > c.Duration:
 		return fmt.Errorf("scopes: slice %v: positive and at most the duration (%v)", c.Slice, c.Duration)
 	case c.Slice <= c.Settle:
-		return fmt.Errorf("scopes: slice %v: longer than the settle time (%v), which is not counted", c.Slice, c.Settle)
+		return fmt.Errorf("scopes: slice %v: must be longer than the settle time (%v), which is not counted", c.Slice, c.Settle)
 	case c.Duration/c.Slice > MaxSlices:
 		return fmt.Errorf("scopes: slice %v: at most %d slices per duration (%v)", c.Slice, MaxSlices, c.Duration)
 	case c.Kind != Pinned && c.Kind != ODP:
@@ -257,12 +257,12 @@ type Result struct {
 	QPsPausedMean float64 `json:"qps_paused_mean"` // RemapReport.QPsPaused
 	QPsPausedMax  int     `json:"qps_paused_max"`
 
-	BaselineMBps  float64 `json:"baseline_untouched_mbps"` // untouched QPs, no remaps (10^6 B/s)
-	UntouchedMBps float64 `json:"untouched_mbps"`
-	Untouched     Ratio   `json:"untouched_ratio"` // every QP that does not write MR 0
-	SamePD        Ratio   `json:"untouched_same_pd_ratio"`
-	OtherPD       Ratio   `json:"untouched_other_pd_ratio"`
-	TouchingRatio Ratio   `json:"touching_ratio"`
+	BaselineMBps  Ratio `json:"baseline_untouched_mbps"` // untouched QPs, no remaps (10^6 B/s; NaN, JSON null: no untouched QP)
+	UntouchedMBps Ratio `json:"untouched_mbps"`
+	Untouched     Ratio `json:"untouched_ratio"` // every QP that does not write MR 0
+	SamePD        Ratio `json:"untouched_same_pd_ratio"`
+	OtherPD       Ratio `json:"untouched_other_pd_ratio"`
+	TouchingRatio Ratio `json:"touching_ratio"`
 	// The untouched QPs' throughput while a Device.Remap call was in
 	// progress (pre-copy, critical section and the work around them) and
 	// between the calls, relative to the same baseline.
@@ -300,7 +300,8 @@ type Result struct {
 	Reports []softrdma.RemapReport `json:"-"`
 }
 
-// Ratio is a throughput ratio; NaN encodes as JSON null.
+// Ratio is a throughput ratio (or a throughput, MB/s), NaN when its group
+// of QPs is empty; NaN encodes as JSON null and as an empty CSV field.
 type Ratio float64
 
 // MarshalJSON encodes NaN as null.
@@ -841,7 +842,7 @@ func (b *bed) result(row *remapRun, m measurement) Result {
 	}
 	var x, base float64
 	r.Untouched, x, base = ratio(nGroups)
-	r.UntouchedMBps, r.BaselineMBps = x/1e6, base/1e6
+	r.UntouchedMBps, r.BaselineMBps = Ratio(x/1e6), Ratio(base/1e6)
 	r.RatioP25, r.RatioP75 = pct(m.ratios, 25), pct(m.ratios, 75)
 	if run.inDur > 0 {
 		in := sample{bytes: run.in, dur: run.inDur}

@@ -6,6 +6,7 @@ import (
 	"encoding/csv"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -132,6 +133,33 @@ func TestRunODP(t *testing.T) {
 	rs, err := scopes.Run(t.Context(), cfg)
 	require.NoError(t, err)
 	checkResults(t, cfg, rs)
+}
+
+// TestRunEveryQPTouches: with one MR every QP writes MR 0, so the
+// untouched group is empty: its ratio and rates are NaN, written as null
+// in JSON and empty in CSV, and target (a) reads n/a (it used to fail the
+// JSON and CSV output after the run).
+func TestRunEveryQPTouches(t *testing.T) {
+	cfg := short()
+	cfg.QPs, cfg.MRs, cfg.PDs = 2, 1, 1
+	cfg.Scopes = []softrdma.Scope{softrdma.ScopeMR}
+	cfg.Policies = []softrdma.PausePolicy{softrdma.PolicyHold}
+	rs, err := scopes.Run(t.Context(), cfg)
+	require.NoError(t, err)
+	require.Len(t, rs, 1)
+	require.Equal(t, 2, rs[0].Touching)
+	require.True(t, math.IsNaN(float64(rs[0].Untouched)))
+	var js, cs, tab bytes.Buffer
+	require.NoError(t, scopes.WriteJSON(&js, rs))
+	var back []map[string]any
+	require.NoError(t, json.Unmarshal(js.Bytes(), &back))
+	require.Nil(t, back[0]["baseline_untouched_mbps"])
+	require.Nil(t, back[0]["untouched_ratio"])
+	require.Contains(t, back[0], "untouched_ratio")
+	require.NoError(t, scopes.WriteCSV(&cs, rs))
+	require.NoError(t, scopes.WriteTable(&tab, cfg, rs))
+	require.Contains(t, tab.String(), "untouched QPs without remaps none")
+	require.Contains(t, tab.String(), "target ≥ 0.95×: n/a, no QP leaves MR 0 untouched")
 }
 
 // TestRunNetns runs the experiment across two network namespaces joined

@@ -64,7 +64,7 @@ func (c *benchScopesCmd) config() (scopes.Config, error) {
 	for _, s := range c.Scope {
 		sc, err := softrdma.ParseScope(s)
 		if err != nil {
-			return cfg, err
+			return cfg, fmt.Errorf("--scope %q: mr, qp-allowed, pd or device", s)
 		}
 		cfg.Scopes = append(cfg.Scopes, sc)
 	}
@@ -74,6 +74,9 @@ func (c *benchScopesCmd) config() (scopes.Config, error) {
 		}
 		p, _ := softrdma.ParsePausePolicy(s)
 		cfg.Policies = append(cfg.Policies, p)
+	}
+	if c.Settle < 0 {
+		return cfg, fmt.Errorf("--settle %v: must be 0 or more", c.Settle)
 	}
 	if c.Settle == 0 {
 		cfg.Settle = time.Nanosecond // 0 means the default in scopes.Config
@@ -115,18 +118,17 @@ func (c *benchScopesCmd) run(ctx context.Context, stdout, stderr io.Writer) int 
 		fmt.Fprintf(stderr, "softrdma: bench scopes: %v\n", err)
 		return exitUsage
 	}
-	// The output files are created before the run, so that a path that
-	// cannot be written does not cost the run's results.
+	// The output files' directories are checked before the run, so that
+	// a path that cannot be written does not cost the run's results (an
+	// existing file is left as it is until the results replace it).
 	for _, f := range []struct{ flag, path string }{{"--csv", c.CSV}, {"--plot", c.Plot}} {
 		if f.path == "" {
 			continue
 		}
-		w, err := os.Create(f.path)
-		if err != nil {
+		if err := checkWritable(f.path); err != nil {
 			fmt.Fprintf(stderr, "softrdma: bench scopes: %s: %v\n", f.flag, err)
 			return exitFail
 		}
-		w.Close()
 	}
 	cfg.Logf = func(format string, args ...any) { fmt.Fprintf(stderr, format+"\n", args...) }
 	if c.Netns {
@@ -173,6 +175,21 @@ func (c *benchScopesCmd) run(ctx context.Context, stdout, stderr io.Writer) int 
 		}
 	}
 	return exitOK
+}
+
+// checkWritable reports whether path can be created or replaced, without
+// touching it: not a directory, and a scratch file can be made next to
+// it.
+func checkWritable(path string) error {
+	if st, err := os.Stat(path); err == nil && st.IsDir() {
+		return fmt.Errorf("%s is a directory", path)
+	}
+	f, err := os.CreateTemp(filepath.Dir(path), ".softrdma-check-*")
+	if err != nil {
+		return err
+	}
+	f.Close()
+	return os.Remove(f.Name())
 }
 
 // writeFile creates path and writes it with f.

@@ -59,16 +59,35 @@ func TestBenchScopesBadFlags(t *testing.T) {
 		{[]string{"--scope="}, "--scope: no scope given"},
 		{[]string{"--policy="}, "--policy: no policy given"},
 		{[]string{"--rnr-timer", "32"}, "--rnr-timer 32: 1-31"},
+		{[]string{"--settle=-1ms"}, "--settle -1ms: must be 0 or more"},
+		{[]string{"--scope", "foo"}, `--scope "foo": mr, qp-allowed, pd or device`},
 	} {
 		code, _, errOut := runCLI(t, append([]string{"bench", "scopes"}, c.args...)...)
 		require.Equal(t, exitUsage, code, "%v: %s", c.args, errOut)
 		require.Contains(t, errOut, c.msg, "%v", c.args)
 	}
 	// An output file that cannot be created fails before the run.
-	code, out, errOut := runCLI(t, "bench", "scopes", "--csv", filepath.Join(t.TempDir(), "no", "dir.csv"))
+	dir := t.TempDir()
+	code, out, errOut := runCLI(t, "bench", "scopes", "--csv", filepath.Join(dir, "no", "dir.csv"))
 	require.Equal(t, exitFail, code)
 	require.Contains(t, errOut, "--csv: open")
 	require.Empty(t, out, "nothing ran")
+	asDir := filepath.Join(t.TempDir(), "d.svg")
+	require.NoError(t, os.Mkdir(asDir, 0o755))
+	code, _, errOut = runCLI(t, "bench", "scopes", "--plot", asDir)
+	require.Equal(t, exitFail, code, errOut)
+	require.Contains(t, errOut, "is a directory")
+	// An existing file is not touched by the check (a run that then fails
+	// leaves it as it was).
+	old := filepath.Join(dir, "old.csv")
+	require.NoError(t, os.WriteFile(old, []byte("old results\n"), 0o644))
+	require.NoError(t, checkWritable(old))
+	b, err := os.ReadFile(old)
+	require.NoError(t, err)
+	require.Equal(t, "old results\n", string(b))
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	require.Len(t, entries, 1, "no scratch file left")
 }
 
 // TestBenchScopesNetns runs the experiment with --netns: the devices in
