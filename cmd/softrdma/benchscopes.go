@@ -27,11 +27,11 @@ type benchScopesCmd struct {
 	QPs         int           `short:"q" name:"qps" default:"8" help:"N: RC QPs, QP i writing MR i mod M."`
 	MRs         int           `name:"mrs" default:"4" help:"M: MRs on the responder, MR j in PD j mod P; MR 0 is remapped."`
 	PDs         int           `name:"pds" default:"2" help:"P: protection domains on the responder."`
-	MRSize      byteSize      `name:"mr-size" default:"1M" help:"Bytes per MR (whole pages; K, M suffixes)."`
+	MRSize      byteSize      `name:"mr-size" default:"1M" help:"Bytes per MR (whole pages; K, M, G suffixes)."`
 	Size        byteSize      `short:"s" name:"size" default:"16K" help:"Bytes per RDMA WRITE."`
 	Window      int           `short:"t" name:"tx-depth" default:"8" help:"WRITEs outstanding per QP."`
 	Duration    time.Duration `short:"D" name:"duration" default:"500ms" help:"Time each scope × policy runs with remaps; it runs as long again without, in interleaved slices."`
-	Slice       time.Duration `name:"slice" default:"100ms" help:"Length of one slice with or without remaps (ABBA order; at most -D, longer than --settle)."`
+	Slice       time.Duration `name:"slice" default:"100ms" help:"Length of one slice with or without remaps (ABBA order; longer than --settle; one longer than -D is cut to -D)."`
 	Settle      time.Duration `name:"settle" default:"10ms" help:"Traffic not counted at the start of each slice."`
 	Period      time.Duration `short:"T" name:"period" default:"10ms" help:"T: a remap of MR 0 starts every T."`
 	Scope       []string      `name:"scope" default:"mr,qp-allowed,pd,device" help:"Scopes to run (mr, qp-allowed, pd, device), comma-separated."`

@@ -39,7 +39,7 @@ type toolCmd struct {
 	Iters       count    `short:"n" help:"Iterations per QP. Default: 5000 (BW), 1000 (lat)."`
 	Duration    seconds  `short:"D" help:"Run for this many seconds (or a Go duration like 500ms) instead of -n."`
 	All         bool     `short:"a" help:"Run sizes 2 to 2^23 bytes."`
-	MTU         mtuFlag  `short:"m" name:"mtu" help:"Path MTU: 256, 512, 1024, 2048 or 4096, at most the port's active MTU (larger: the active MTU, with a notice). Default: the port's active MTU, the link's MTU less the RoCEv2 headers (1500: 1024; 9000: 4096). The two sides use the smaller of theirs."`
+	MTU         mtuFlag  `short:"m" name:"mtu" placeholder:"MTU" help:"Path MTU: 256, 512, 1024, 2048 or 4096, at most the port's active MTU (larger: the active MTU, with a notice). Default: the port's active MTU, the link's MTU less the RoCEv2 headers (1500: 1024; 9000: 4096). The two sides use the smaller of theirs."`
 	TxDepth     count    `short:"t" name:"tx-depth" help:"Outstanding send WRs per QP. Default: 128 (BW), 1 (lat)."`
 	RxDepth     count    `short:"r" name:"rx-depth" help:"Receives posted per QP (SEND tests). Default: 512."`
 	CQMod       count    `short:"Q" name:"cq-mod" help:"Request a completion every this many sends (BW). Default: 100."`
@@ -76,7 +76,7 @@ type toolCmd struct {
 // demoCmd holds the flags of `softrdma demo`.
 type demoCmd struct {
 	File    string        `type:"existingfile" placeholder:"PATH" help:"File to move (default: this program's binary)."`
-	Size    msgSize       `short:"s" default:"65536" help:"Message size in bytes (K, M suffixes)."`
+	Size    msgSize       `short:"s" default:"65536" help:"Message size in bytes (K, M, G suffixes)."`
 	Impair  string        `placeholder:"SPEC" help:"Impair both NICs' traffic, e.g. loss=0.01,reorder=0.01,seed=7."`
 	Pcap    string        `placeholder:"FILE" help:"Record both NICs' datagrams in a pcap file."`
 	Timeout time.Duration `default:"2m" help:"Most time each transfer may take (under heavy --impair loss the QPs retry for ever, as rxe's)."`
