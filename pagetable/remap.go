@@ -182,17 +182,23 @@ func (t *Table) clearMirror() {
 // the mirror frames, page by page.
 func (t *Table) copyMirror(m []*byte, off uint64, src []byte) {
 	for len(src) > 0 {
-		v := off + t.head
-		k := int(v >> PageShift)
-		in := v & pageMask
-		if k == 0 {
-			in -= t.head
-		}
-		n := min(uint64(len(src)), PageSize-v&pageMask)
-		copy(unsafe.Slice((*byte)(unsafe.Add(unsafe.Pointer(m[k]), in)), n), src[:n])
+		n := min(uint64(len(src)), PageSize-(off+t.head)&pageMask)
+		copy(unsafe.Slice((*byte)(t.mirrorAt(m, off)), n), src[:n])
 		src = src[n:]
 		off += n
 	}
+}
+
+// mirrorAt returns the mirror's address of region offset off (page 0's
+// entry is the region's first byte, as in run).
+func (t *Table) mirrorAt(m []*byte, off uint64) unsafe.Pointer {
+	v := off + t.head
+	k := int(v >> PageShift)
+	in := v & pageMask
+	if k == 0 {
+		in -= t.head
+	}
+	return unsafe.Add(unsafe.Pointer(m[k]), in)
 }
 
 // mirrorWord64 runs op on the word w at iova (found after the mirror m was
@@ -214,13 +220,7 @@ func (t *Table) mirrorWord64(m []*byte, iova uint64, w *uint64, op func(*uint64)
 	}
 	defer t.mirrorMu.Unlock()
 	r := op(w)
-	v := iova - t.iova + t.head
-	k := int(v >> PageShift)
-	in := v & pageMask
-	if k == 0 {
-		in -= t.head
-	}
-	atomic.StoreUint64((*uint64)(unsafe.Add(unsafe.Pointer(m[k]), in)), atomic.LoadUint64(w))
+	atomic.StoreUint64((*uint64)(t.mirrorAt(m, iova-t.iova)), atomic.LoadUint64(w))
 	return r, OK
 }
 
