@@ -93,8 +93,7 @@ func (e *Engine) PrepareRemap(mr *MR) (*Remapping, error) {
 			r.restoreLinear()
 			return nil, fmt.Errorf("placement: remap: %w", err)
 		}
-	}
-	if mr.odp != nil {
+	} else {
 		// An ODP MR's view switch is the critical section's largest
 		// part: run its system calls once now, so that Commit's run in
 		// warm caches. (A pinned MR's switches after the resume.)
@@ -230,6 +229,12 @@ func (r *Remapping) Release() {
 // keeps its old ones (and its linear mapping, for a pinned MR).
 func (r *Remapping) Abort() {
 	if r.m == nil {
+		return
+	}
+	if r.mirrored {
+		// Committed already (the address space's lock is held until
+		// the view switches): finish it, as Release does.
+		r.Release()
 		return
 	}
 	r.m.Abort()
