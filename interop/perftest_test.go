@@ -208,8 +208,18 @@ func checkRDMACM(t *testing.T, r *stepResult, vmServer bool, iters uint64) {
 	assert.Equal(t, uint64(2), hs["cm_req_rcvd"])
 	assert.Equal(t, uint64(2), hs["cm_rep_sent"])
 	assert.Equal(t, uint64(2), hs["cm_rtu_rcvd"])
-	assert.Equal(t, uint64(2), hs["cm_dreq_sent"], "softrdma's server disconnects both")
-	assert.Equal(t, uint64(2), hs["cm_drep_rcvd"]+hs["cm_dreq_rcvd"], "rxe answered (or disconnected the channel itself)")
+	// softrdma's server disconnects both connections when the run ends,
+	// but rxe's client disconnects too (perftest's client calls
+	// rdma_disconnect when it is done), and whichever DREQ leaves first
+	// ends the connection; the other side answers it with a DREP
+	// (IBTA ch. 12 CM state machine: a DREQ received in ESTABLISHED or
+	// DREQ_SENT is answered by a DREP; rdmacm.Conn.onDREQ). CI once
+	// saw one of each: dreq_sent 1, dreq_rcvd 1, drep_sent 1, drep_rcvd 1.
+	assert.GreaterOrEqual(t, hs["cm_dreq_sent"]+hs["cm_dreq_rcvd"], uint64(2), "each connection ended by a DREQ")
+	assert.LessOrEqual(t, hs["cm_dreq_sent"], uint64(2), "at most one DREQ per connection from softrdma")
+	assert.Equal(t, hs["cm_dreq_rcvd"], hs["cm_drep_sent"], "softrdma answered every DREQ rxe sent")
+	assert.GreaterOrEqual(t, hs["cm_drep_rcvd"]+hs["cm_dreq_rcvd"], hs["cm_dreq_sent"],
+		"each DREQ softrdma sent was answered, or crossed rxe's")
 	assert.Equal(t, iters+hs["cm_channel_rcvd"]+madRcvd, r.hwc["rdma_sends"],
 		"rxe rdma_sends: the data SENDs, the exchange's, its MADs")
 	assert.Equal(t, hs["cm_channel_sent"]+madSent, r.hwc["rdma_recvs"], "rxe rdma_recvs: the exchange's, softrdma's MADs")
