@@ -48,6 +48,13 @@ func (e *Engine) NewReader() *Reader { return &Reader{e.mrs.NewReader()} }
 // it after each batch and always before blocking.
 func (r *Reader) Quiesce() { r.r.Quiesce() }
 
+// QuiesceIfWaited quiesces the reader if a deregistration, suspension or
+// remap is waiting for it (stag.Reader.QuiesceIfWaited): a receive loop
+// calls it after each packet, so that a grace period waits for one
+// packet's placement instead of a batch's. One atomic load when nobody
+// waits.
+func (r *Reader) QuiesceIfWaited() { r.r.QuiesceIfWaited() }
+
 // Close quiesces the reader and unregisters it. Its cursors must be idle
 // (or never used again).
 func (r *Reader) Close() { r.r.Close() }

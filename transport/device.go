@@ -448,6 +448,9 @@ func (d *Device) rxLoop() {
 		}
 		for i := range n {
 			d.handle(&pkts[i], &p)
+			// A suspension or deregistration waiting for a grace
+			// period waits for this packet, not for the whole batch.
+			d.reader.QuiesceIfWaited()
 		}
 		// Quiescent state: nothing found in the STag table during the
 		// batch is used any more (the packets to send were copied into
