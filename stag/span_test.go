@@ -372,6 +372,40 @@ func TestSynchronizeWaitsForOnlineReaders(t *testing.T) {
 	})
 }
 
+// TestQuiesceIfWaited: QuiesceIfWaited leaves an online reader online
+// while no writer waits (what it found stays usable), and quiesces it
+// when Synchronize waits for it, which ends the grace period; the Span it
+// holds then refreshes (goes online again) before its next use.
+func TestQuiesceIfWaited(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tab := NewTable[int](0)
+		e := newValid(t, tab, 1, 0, 100, AccessRemoteWrite|AccessLocalWrite, 0)
+		rd := tab.NewReader()
+		defer rd.Close()
+		var sp Span[int]
+		sp.Bind(rd)
+		require.Equal(t, OK, tab.Open(&sp, 1, e.STag, AccessRemoteWrite, 0, 10))
+		rd.QuiesceIfWaited()
+		require.True(t, sp.Current(), "nobody waits: the reader stays online")
+
+		done := make(chan struct{})
+		go func() {
+			tab.Synchronize()
+			close(done)
+		}()
+		synctest.Wait()
+		requireOpen(t, done)
+		require.True(t, sp.Current(), "the slot did not change")
+		rd.QuiesceIfWaited()
+		<-done
+		require.False(t, sp.Current(), "offline: the Span must refresh before its next use")
+		require.True(t, sp.Refresh())
+		require.True(t, sp.Current())
+		sp.Close()
+		rd.Quiesce()
+	})
+}
+
 // TestReaderGoesOnlineBeforeItReads: a bound Span used after Quiesce puts
 // its reader online again (Open, Refresh) before it reads a slot, so a
 // writer that changed the slot meanwhile is either seen or waits.
