@@ -3,6 +3,7 @@ package stag
 import (
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Reader is a goroutine that uses the table without counting references,
@@ -136,6 +137,7 @@ func (t *Table[V]) Synchronize() {
 		// and then load state. Go's atomics are sequentially consistent,
 		// so no wake-up is lost.
 		r.waiting.Store(true)
+		spinUntilChanged(&r.state, s, syncSpin)
 		for r.state.Load() == s {
 			<-r.wake
 		}
@@ -151,4 +153,20 @@ func (sp *Span[V]) Bind(r *Reader) {
 		panic("stag: Bind on a Span that holds an entry")
 	}
 	sp.rd = r
+}
+
+// syncSpin is how long Synchronize polls a reader before it sleeps on the
+// reader's wake-up. A receive loop asked for a quiescent state answers
+// after the packet in progress (QuiesceIfWaited), a few µs; waking a
+// parked goroutine costs as much again, and more on a busy machine.
+const syncSpin = 20 * time.Microsecond
+
+// spinUntilChanged polls v until it differs from old or d has passed.
+func spinUntilChanged(v *atomic.Uint64, old uint64, d time.Duration) {
+	start := time.Now()
+	for i := 1; v.Load() == old; i++ {
+		if i%64 == 0 && time.Since(start) > d {
+			return
+		}
+	}
 }
