@@ -24,6 +24,11 @@ type link struct {
 
 func newLink(t *testing.T, p *softrdmatest.Pair, pdB *softrdma.PD) *link {
 	t.Helper()
+	return newLinkOpts(t, p, pdB, softrdma.ConnectOptions{MinRNRTimer: 1})
+}
+
+func newLinkOpts(t *testing.T, p *softrdmatest.Pair, pdB *softrdma.PD, o softrdma.ConnectOptions) *link {
+	t.Helper()
 	cqa, err := p.A.Dev.CreateCQ(256)
 	require.NoError(t, err)
 	cqb, err := p.B.Dev.CreateCQ(256)
@@ -33,7 +38,6 @@ func newLink(t *testing.T, p *softrdmatest.Pair, pdB *softrdma.PD) *link {
 	require.NoError(t, err)
 	qb, err := p.B.Dev.CreateQP(pdB, softrdma.QPInitAttr{SendCQ: cqb, RecvCQ: cqb, Cap: c, Type: softrdma.QPTypeRC})
 	require.NoError(t, err)
-	o := softrdma.ConnectOptions{MinRNRTimer: 1}
 	require.NoError(t, softrdma.Connect(qa, softrdma.Endpoint{Addr: p.B.Dev.LocalAddr(), QPN: qb.QPN(), PSN: 100}, 200, o))
 	require.NoError(t, softrdma.Connect(qb, softrdma.Endpoint{Addr: p.A.Dev.LocalAddr(), QPN: qa.QPN(), PSN: 200}, 100, o))
 	return &link{qa: qa, qb: qb, cq: cqa, cqb: cqb}
@@ -214,6 +218,31 @@ func TestSuspendScopes(t *testing.T) {
 			require.Equal(t, uint64(100*want), rep.BytesDelayed, "each paused WRITE's 100 bytes, once")
 		})
 	}
+}
+
+// TestResumeReplaysHeldPackets: a WRITE held by a suspension completes
+// after Resume with no other traffic to wake B's receive loop and no
+// retransmission to bring it back: the requester's ACK timeout is
+// 4.096 µs × 2^25 (137 s), beyond waitWC's 20 s. Resume wakes the loop when
+// packets are queued, or the loop replays at the end of the batch it is in.
+func TestResumeReplaysHeldPackets(t *testing.T) {
+	p := softrdmatest.NewPair(t, softrdmatest.Options{})
+	l := newLinkOpts(t, p, p.B.PD, softrdma.ConnectOptions{MinRNRTimer: 1, Timeout: 25})
+	_, m := asMR(t, p.B, p.B.PD, pageSize)
+	_, src := reg(t, p.A, pageSize, rw)
+	for round := range 3 {
+		s, err := p.B.Dev.Suspend(softrdma.ScopeMR, m, softrdma.PolicyHold)
+		require.NoError(t, err)
+		before := p.B.Dev.SuspendCounters().Held
+		postWrite(t, l.qa, uint64(round), src, 0, 100, m, m.Addr())
+		require.Eventually(t, func() bool { return p.B.Dev.SuspendCounters().Held > before },
+			20*time.Second, 100*time.Microsecond, "the WRITE reaches B and is held")
+		rep, err := p.B.Dev.Resume(s)
+		require.NoError(t, err)
+		require.Equal(t, uint64(1), rep.Held)
+		require.Equal(t, softrdma.WCSuccess, waitWC(t, l.cq, 1)[0].Status, "round %d", round)
+	}
+	require.Zero(t, p.A.Dev.Counters().Retransmits.Load(), "nothing was sent again")
 }
 
 // TestSuspendWidened: a device that cannot pause one MR widens the scope
