@@ -61,6 +61,10 @@ func TestBenchScopesBadFlags(t *testing.T) {
 		{[]string{"--rnr-timer", "32"}, "--rnr-timer 32: 1-31"},
 		{[]string{"--settle=-1ms"}, "--settle -1ms: must be 0 or more"},
 		{[]string{"--scope", "foo"}, `--scope "foo": mr, qp-allowed, pd or device`},
+		// kong takes a value after a short flag that starts with "-" for a
+		// flag and says how to give it; given so, it is refused as a value.
+		{[]string{"-D", "-1s"}, `perhaps try --duration="-1s"?`},
+		{[]string{"--duration=-1s"}, "duration and period must be positive"},
 	} {
 		code, _, errOut := runCLI(t, append([]string{"bench", "scopes"}, c.args...)...)
 		require.Equal(t, exitUsage, code, "%v: %s", c.args, errOut)

@@ -82,6 +82,23 @@ type demoCmd struct {
 	Timeout time.Duration `default:"2m" help:"Most time each transfer may take (under heavy --impair loss the QPs retry for ever, as rxe's)."`
 }
 
+// check refuses, as usage errors (perf.ErrUsage), the demo flags that
+// demo.Run cannot tell from its defaults or would find bad only after the
+// NICs are open: a typed --timeout of 0 or less (0 is demo.Options'
+// default), and a --pcap that cannot be created (checked without touching
+// an existing file, which the capture replaces when the run starts).
+func (c *demoCmd) check() error {
+	if c.Timeout <= 0 {
+		return fmt.Errorf("--timeout %v: must be positive (%w)", c.Timeout, perf.ErrUsage)
+	}
+	if c.Pcap != "" {
+		if err := checkWritable(c.Pcap); err != nil {
+			return fmt.Errorf("--pcap: %w (%w)", err, perf.ErrUsage)
+		}
+	}
+	return nil
+}
+
 // options converts the flags of test into runner options.
 func (c *toolCmd) options(test perf.Test) (*perf.Options, error) {
 	if c.Inline < -1 {

@@ -69,12 +69,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	logf := func(format string, args ...any) { fmt.Fprintf(stderr, format+"\n", args...) }
 	cmd := strings.Fields(kctx.Command())[0]
 	if cmd == "demo" {
-		if c.Demo.Timeout <= 0 {
-			fmt.Fprintf(stderr, "softrdma: demo: --timeout %v: must be positive\n", c.Demo.Timeout)
-			return exitUsage
+		err := c.Demo.check()
+		if err == nil {
+			err = demo.Run(ctx, demo.Options{File: c.Demo.File, Size: int64(c.Demo.Size), Impair: c.Demo.Impair,
+				Pcap: c.Demo.Pcap, Timeout: c.Demo.Timeout, Stdout: stdout, Logf: logf})
 		}
-		err := demo.Run(ctx, demo.Options{File: c.Demo.File, Size: int64(c.Demo.Size), Impair: c.Demo.Impair,
-			Pcap: c.Demo.Pcap, Timeout: c.Demo.Timeout, Stdout: stdout, Logf: logf})
 		if err != nil {
 			if errors.Is(err, perf.ErrUsage) {
 				fmt.Fprintf(stderr, "softrdma: demo: %v\n", err)

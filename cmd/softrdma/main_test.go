@@ -125,7 +125,8 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"demo", "--impair", "loss=5"}, "not a probability"},
 		{[]string{"demo", "-s", "0"}, "at least 1 byte"},
 		{[]string{"demo", "-s", "3G"}, "-s 3221225472: must be 1 to 2^31 bytes"},
-		{[]string{"demo", "--timeout", "0s"}, "--timeout 0s: must be positive"},
+		{[]string{"demo", "--timeout", "0s"}, "--timeout 0s: must be positive (bad command line)"},
+		{[]string{"demo", "--timeout=-1s"}, "--timeout -1s: must be positive (bad command line)"},
 		{[]string{"write-bw", "-m", "100"}, "MTU 100 (-m)"}, // a server's own flags are checked too
 		{[]string{"write-bw", "-m", "0", "127.0.0.1"}, "must be 256, 512, 1024, 2048 or 4096"},
 		{[]string{"write-bw", "-n", "4"}, "iterations 4 (-n): must be 5"},
@@ -145,6 +146,45 @@ func TestUsageErrors(t *testing.T) {
 		assert.Contains(t, stderr, tc.want, tc.args)
 		assert.NotContains(t, stderr, tc.args[0]+": "+tc.args[0]+":", "the command named twice")
 	}
+}
+
+// TestDemoRefusesUnusableFiles: a --file or --pcap the demo cannot use is
+// a bad command line (exit 2, the flag named, "(bad command line)" as the
+// demo's other usage errors), found before the NICs open.
+func TestDemoRefusesUnusableFiles(t *testing.T) {
+	dir := t.TempDir()
+	empty := filepath.Join(dir, "empty")
+	require.NoError(t, os.WriteFile(empty, nil, 0o600))
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		// An empty file moves no byte: each transfer would pass having
+		// posted no WRITE, READ or SEND.
+		{[]string{"--file", empty}, "--file " + empty + ": empty, the demo needs bytes to move (bad command line)"},
+		{[]string{"--file", "/dev/null"}, "--file /dev/null: not a regular file (bad command line)"},
+		{[]string{"--pcap", filepath.Join(dir, "no", "dir.pcap")}, "--pcap: open " + filepath.Join(dir, "no")},
+		{[]string{"--pcap", dir}, "--pcap: " + dir + " is a directory (bad command line)"},
+		{[]string{"--file", dir}, "is a directory"},                      // kong's existingfile
+		{[]string{"--file", filepath.Join(dir, "nope")}, "--file: stat"}, // kong's existingfile
+	} {
+		code, out, stderr := runCLI(t, append([]string{"demo"}, tc.args...)...)
+		assert.Equal(t, exitUsage, code, "%v: %s", tc.args, stderr)
+		assert.Contains(t, stderr, tc.want, tc.args)
+		assert.Empty(t, out, "%v: nothing ran", tc.args)
+	}
+	// An existing --pcap is left as it is by a refused run, and the check
+	// leaves no scratch file.
+	old := filepath.Join(dir, "old.pcap")
+	require.NoError(t, os.WriteFile(old, []byte("old capture"), 0o600))
+	code, _, stderr := runCLI(t, "demo", "--pcap", old, "--file", empty)
+	require.Equal(t, exitUsage, code, stderr)
+	b, err := os.ReadFile(old)
+	require.NoError(t, err)
+	assert.Equal(t, "old capture", string(b))
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	assert.Len(t, entries, 2, "empty and old.pcap only")
 }
 
 func TestRunErrorsExitOne(t *testing.T) {

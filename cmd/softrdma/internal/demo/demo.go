@@ -82,6 +82,8 @@ func Run(ctx context.Context, o Options) error {
 			return fmt.Errorf("demo: find this program's binary: %w (use --file)", err)
 		}
 		o.File = exe
+	} else if err := checkFile(o.File); err != nil {
+		return err
 	}
 	size, sum, err := hashFile(o.File)
 	if err != nil {
@@ -212,6 +214,28 @@ func transfer(ctx context.Context, test perf.Test, file, out string, size int64,
 	}
 	wg.Wait()
 	return res, errors.Join(cerr, serr)
+}
+
+// checkFile refuses, as a usage error, a --file the demo cannot move: one
+// that is not a regular file (a device or a pipe has no size to register
+// and send, and opening a FIFO blocks until a writer comes), one that is
+// empty (the tools would post no WRITE, READ or SEND, and each transfer
+// would "arrive intact" having moved nothing), or one that cannot be read.
+func checkFile(path string) error {
+	st, err := os.Stat(path)
+	switch {
+	case err != nil:
+		return fmt.Errorf("--file: %w (%w)", err, perf.ErrUsage)
+	case !st.Mode().IsRegular():
+		return fmt.Errorf("--file %s: not a regular file (%w)", path, perf.ErrUsage)
+	case st.Size() == 0:
+		return fmt.Errorf("--file %s: empty, the demo needs bytes to move (%w)", path, perf.ErrUsage)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("--file: %w (%w)", err, perf.ErrUsage)
+	}
+	return f.Close()
 }
 
 func hashFile(path string) (int64, string, error) {
