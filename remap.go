@@ -112,7 +112,7 @@ type RemapReport struct {
 	Policy           PausePolicy
 	PrecopyUs        float64 // pre-copy of every page, traffic flowing (µs)
 	CriticalUs       float64 // from the pause to the resume (µs)
-	ViewSwitchUs     float64 // pinned MRs: time after the resume while the NIC writes old and new frames: the application's mapping, then the NIC's table switch, the copies in flight are waited for (µs); 0 for ODP MRs, which switch inside the critical section
+	ViewSwitchUs     float64 // time after the resume while the NIC writes old and new frames: the application's mapping switches, then (pinned MRs) the NIC's table, and the copies in flight are waited for (µs)
 	PagesMoved       int     // pages switched to new frames
 	PagesRecopied    int     // pages written during the pre-copy, copied again in the critical section
 	QPsPaused        int     // QPs that had a packet held or NAKed
@@ -127,14 +127,14 @@ type RemapReport struct {
 // with traffic flowing; then the critical section — placement paused at
 // scope (widened to the device's finest, and always including mr itself),
 // the placements in flight waited for, the pages dirtied meanwhile copied
-// again — and resume; the held packets are replayed. Inside the critical
-// section an ODP MR's application mapping (mmap MAP_FIXED onto the new
-// frames) and NIC translation also switch. A pinned MR's switch the
-// critical section only prepares: the NIC writes every byte to the old and
-// the new frames from then on, and after the resume the application's
-// mapping switches, then the NIC's table (which ends the double writes),
-// the copies still writing the old frames are waited for, and the MR's
-// linear mapping comes back (ViewSwitchUs). The application reads the old
+// again — and resume; the held packets are replayed. The switch to the new
+// frames the critical section only prepares: the NIC writes every byte to
+// the old and the new frames from then on (an ODP MR's table through the
+// application's mapping and into the new frames), and after the resume
+// the application's mapping switches (mmap MAP_FIXED onto the new frames),
+// then a pinned MR's table (which ends the double writes; an ODP MR's end
+// with the mapping's switch), the copies still writing the old frames are
+// waited for, and a pinned MR's linear mapping comes back (ViewSwitchUs). The application reads the old
 // frames until its mapping switches and the new ones after; both hold
 // every write completed before, so a write whose completion it has seen is
 // never missing. (Writes of the same bytes by different QPs at the same

@@ -232,12 +232,26 @@ func (m *Migration) Commit(copyDirty func(m *Migration) error) error {
 // Pin, PrepareMigrate, Commit, Close) may be called in between. On error
 // it is as Commit's: the migration is over, the new frames given back.
 func (m *Migration) CommitCopy(copyDirty func(m *Migration) error) error {
+	return m.CommitCopyKeeping(copyDirty, nil)
+}
+
+// CommitCopyKeeping is CommitCopy for a remap whose range an ODP table
+// (keep's notifier; nil: none) goes on writing through the application's
+// view between CommitCopy and SwitchView, copying every write to the new
+// frames as well (pagetable.ODP.StartMirror): the invalidation leaves keep
+// out (its count stays even, its Invalidate is not called), so that its
+// faults and copies do not wait for the view switch. The caller must have
+// stopped keep's writes and waited for them before the call, since the
+// dirty copy needs them finished, and must keep the mirror until the view
+// has switched. Every other subscription of the range is invalidated as by
+// CommitCopy; their faults wait until SwitchView.
+func (m *Migration) CommitCopyKeeping(copyDirty func(m *Migration) error, keep *Subscription) error {
 	s := m.as
 	if m.state != migrationPrepared {
 		return errors.New("hostmem: commit of a migration that is not prepared")
 	}
 	s.mu.Lock()
-	inv, err := m.commitCopy(copyDirty)
+	inv, err := m.commitCopy(copyDirty, keep)
 	if err != nil {
 		if inv != nil {
 			s.invalidateEnd(inv)
@@ -355,7 +369,7 @@ func (s *AddressSpace) populateView(p uintptr, ro []bool) {
 
 // commitCopy runs Commit's checks and copies, under mu; the invalidation
 // it started (nil if it failed before) stays open.
-func (m *Migration) commitCopy(copyDirty func(m *Migration) error) (*invalidation, error) {
+func (m *Migration) commitCopy(copyDirty func(m *Migration) error, keep *Subscription) (*invalidation, error) {
 	s := m.as
 	if s.closed.Load() {
 		return nil, ErrClosed
@@ -379,8 +393,8 @@ func (m *Migration) commitCopy(copyDirty func(m *Migration) error) (*invalidatio
 			return nil, err
 		}
 	}
-	inv := s.invalidateStart(Range{m.Addr, m.Addr + uint64(n)<<PageShift}, EventMigrate)
-	m.subscribed = len(inv.subs) > 0
+	inv := s.invalidateStartKeeping(Range{m.Addr, m.Addr + uint64(n)<<PageShift}, EventMigrate, keep)
+	m.subscribed = len(inv.subs) > 0 || keep != nil
 	if copyDirty == nil {
 		for i := range m.Old {
 			m.CopyPage(i)

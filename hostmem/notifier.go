@@ -219,10 +219,16 @@ type invalidation struct {
 // overlaps r turns odd, then gets its Invalidate callback. Called with mu;
 // the caller changes the range and then calls invalidateEnd.
 func (s *AddressSpace) invalidateStart(r Range, ev Event) *invalidation {
+	return s.invalidateStartKeeping(r, ev, nil)
+}
+
+// invalidateStartKeeping is invalidateStart that leaves keep (nil: none)
+// out: its count stays even and its callback is not called.
+func (s *AddressSpace) invalidateStartKeeping(r Range, ev Event, keep *Subscription) *invalidation {
 	inv := &invalidation{r: r, ev: ev}
 	s.subs.Lock()
 	for _, sub := range s.subs.list {
-		if sub.r.Overlaps(r) {
+		if sub != keep && sub.r.Overlaps(r) {
 			sub.seq.Add(1)
 			inv.subs = append(inv.subs, sub)
 		}

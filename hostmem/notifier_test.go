@@ -405,3 +405,46 @@ func TestInvalidateRunsBeforeTheChange(t *testing.T) {
 	require.Equal(t, []string{"migrate rw-s", "protect rw-s", "unmap rw-s"}, seen)
 	require.Equal(t, "---p", perms(t, addr), "unmapped after the invalidation")
 }
+
+// TestCommitCopyKeepingLeavesOneSubscriptionOut: the invalidation of
+// CommitCopyKeeping reaches every subscription of the range but the one
+// kept: the kept one's count stays even (a fault resolves at once) and its
+// Invalidate is not called; the other turns odd until SwitchView, and is
+// told. CommitCopy (nothing kept) reaches both.
+func TestCommitCopyKeepingLeavesOneSubscriptionOut(t *testing.T) {
+	s := newSpace(t, testSpace)
+	b, err := s.Alloc(2 * PageSize)
+	require.NoError(t, err)
+	addr := AddrOf(b)
+	var kept, other recorder
+	subKept, err := s.Subscribe(addr, 2*PageSize, &kept)
+	require.NoError(t, err)
+	defer subKept.Unsubscribe()
+	subOther, err := s.Subscribe(addr+PageSize, PageSize, &other)
+	require.NoError(t, err)
+	defer subOther.Unsubscribe()
+
+	for _, keep := range []*Subscription{subKept, nil} {
+		m, err := s.PrepareMigrate(addr, 2)
+		require.NoError(t, err)
+		seqKept, seqOther := subKept.seq.Load(), subOther.seq.Load()
+		require.NoError(t, m.CommitCopyKeeping(nil, keep))
+		if keep != nil {
+			require.Equal(t, seqKept, subKept.seq.Load(), "the kept subscription stays even")
+			require.Equal(t, seqKept, subKept.ReadBegin(), "a fault of the kept range does not wait")
+			invs, _ := kept.take()
+			require.Empty(t, invs, "the kept subscription is not told")
+		} else {
+			require.Equal(t, seqKept+1, subKept.seq.Load())
+			invs, _ := kept.take()
+			require.Len(t, invs, 1)
+		}
+		require.Equal(t, seqOther+1, subOther.seq.Load(), "the other subscription is invalidated")
+		invs, _ := other.take()
+		require.Len(t, invs, 1)
+		require.Equal(t, EventMigrate, invs[0].Event)
+		require.NoError(t, m.SwitchView())
+		require.Zero(t, subOther.seq.Load()&1, "even again after the switch")
+		m.Release()
+	}
+}

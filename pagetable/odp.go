@@ -146,6 +146,11 @@ type ODP struct {
 	released atomic.Bool
 	// track: a remap tracks the pages the NIC writes (Dirty bits).
 	track atomic.Bool
+	// mirror: a remap's new frames, which every write also reaches while
+	// the application's view switches (StartMirror); mirrorMu serializes
+	// the mirrored atomics with the switch (SwitchMirrored).
+	mirror   atomic.Pointer[ODPMirror]
+	mirrorMu sync.Mutex
 
 	stats struct {
 		faults, faultsHandled, invals, invalsHandled, prefetch, evictions atomic.Int64
@@ -214,6 +219,10 @@ func (t *ODP) subscribe(start, length uint64) error {
 // IOVA returns the address of the region's first byte (0 for an implicit
 // table).
 func (t *ODP) IOVA() uint64 { return t.iova }
+
+// Subscription returns the table's subscription to its address space's
+// invalidations.
+func (t *ODP) Subscription() *hostmem.Subscription { return t.sub }
 
 // Len returns the region's length in bytes (MaxUint64 for an implicit
 // table).
@@ -333,6 +342,9 @@ func (t *ODP) copyPages(iova uint64, b []byte, write bool) (int, Result) {
 	mem := unsafe.Slice((*byte)(unsafe.Add(t.app, iova-t.base)), len(b))
 	if write {
 		copy(mem, b)
+		if m := t.mirror.Load(); m != nil {
+			m.copy(iova-t.base, b)
+		}
 		if t.track.Load() {
 			for pg := first; pg < first+count; pg++ {
 				if e := t.entry(pg); Flags(e.flags.Load())&Dirty == 0 {
@@ -402,7 +414,12 @@ func (t *ODP) Atomic64(iova uint64, op func(p *uint64) uint64) (uint64, Result) 
 		t.exit(ep)
 		return 0, r
 	}
-	v := op((*uint64)(unsafe.Add(t.app, iova-t.base)))
+	var v uint64
+	if m := t.mirror.Load(); m != nil {
+		v = t.mirrorAtomic(m, iova-t.base, op)
+	} else {
+		v = op((*uint64)(unsafe.Add(t.app, iova-t.base)))
+	}
 	if t.track.Load() {
 		t.entry(first).flags.Or(uint32(Dirty))
 	}

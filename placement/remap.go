@@ -14,10 +14,9 @@ import (
 // tracking and copies every page while traffic flows; the caller then
 // pauses placement at some scope (SuspendMR at least, which also waits for
 // the placements in flight) and calls Commit, which copies the pages
-// written meanwhile and, for an ODP MR, switches the application's mapping
-// and the NIC's table to the new frames (for a pinned MR it makes the NIC
-// write both frames); then the caller resumes and calls Finish, which
-// switches a pinned MR's mapping and table, and Release.
+// written meanwhile and makes the NIC write both frames; then the caller
+// resumes and calls Finish, which switches the application's mapping (and
+// a pinned MR's table) to the new frames, and Release.
 //
 // The application must not write the MR's pages itself between
 // PrepareRemap and Finish (see hostmem.Migration).
@@ -36,8 +35,9 @@ type Remapping struct {
 	// view switched while placement ran, the NIC writing both frames).
 	ViewSwitch time.Duration
 
-	mirror   *pagetable.Mirror // a pinned MR's new frames, for Commit's StartMirror
-	mirrored bool              // Commit left the view switch to Finish
+	mirror    *pagetable.Mirror    // a pinned MR's new frames, for Commit's StartMirror
+	odpMirror *pagetable.ODPMirror // an ODP MR's
+	mirrored  bool                 // Commit left the view switch to Finish
 }
 
 // ErrNotRemappable: the MR's memory is not of the device's host address
@@ -94,9 +94,15 @@ func (e *Engine) PrepareRemap(mr *MR) (*Remapping, error) {
 			return nil, fmt.Errorf("placement: remap: %w", err)
 		}
 	} else {
-		// An ODP MR's view switch is the critical section's largest
-		// part: run its system calls once now, so that Commit's run in
-		// warm caches. (A pinned MR's switches after the resume.)
+		if r.odpMirror, err = mr.odp.t.NewMirror(r.m.Addr, r.m.New); err != nil {
+			r.m.Abort()
+			mr.odp.t.StopTracking()
+			return nil, fmt.Errorf("placement: remap: %w", err)
+		}
+		// The view switch (after the resume, in Finish) takes tens of
+		// µs cold: run its system calls once now, so that Finish's run
+		// in warm caches, and drop the view's entries, which the mmap
+		// would otherwise unmap one by one.
 		r.m.WarmView()
 	}
 	return r, nil
@@ -114,13 +120,13 @@ func (r *Remapping) restoreLinear() {
 
 // Commit is the remap's critical section; the caller has paused placement
 // into the MR (SuspendMR, which waited for the placements in flight). It
-// copies the pages written since the pre-copy began. For an ODP MR it then
-// switches the application's view (mmap MAP_FIXED onto the new frames) and
-// the NIC's translation to the new frames, and ends tracking: the new
-// mapping takes effect for the accesses after the caller resumes. For a
-// pinned MR the view switch, an mmap of tens of µs, is left to Finish,
-// after the caller has resumed: Commit only makes the NIC's writes go to
-// the new frames as well as the old ones (pagetable.Table.StartMirror), so
+// copies the pages written since the pre-copy began. The view switch, an
+// mmap of tens of µs, is left to Finish, after the caller has resumed:
+// Commit only makes the NIC's writes go to the new frames as well as the
+// old ones (pagetable.Table.StartMirror for a pinned MR; for an ODP MR,
+// whose table writes through the application's view,
+// pagetable.ODP.StartMirror, with the table left out of the invalidation
+// so that its faults do not wait: hostmem.Migration.CommitCopyKeeping), so
 // that both hold every byte until the view has switched. Commit holds the
 // host address space's lock until Finish. On error the MR keeps its old
 // frames (and its data).
@@ -146,11 +152,22 @@ func (r *Remapping) Commit() error {
 		return nil
 	}
 	if mr.odp != nil {
-		err := r.m.Commit(copyDirty)
-		mr.odp.t.StopTracking()
+		// The ODP table goes on copying through the application's view
+		// after the resume, and into the new frames too, until Finish
+		// has switched the view: the invalidation leaves the table out,
+		// so that its faults do not wait for the switch.
+		t := mr.odp.t
+		err := r.m.CommitCopyKeeping(copyDirty, t.Subscription())
+		t.StopTracking()
 		if err != nil {
 			return fmt.Errorf("placement: remap: %w", err)
 		}
+		if err := t.StartMirror(r.odpMirror); err != nil {
+			// Cannot happen (one remap of an MR at a time): switch
+			// inside the pause.
+			return r.m.SwitchView()
+		}
+		r.mirrored = true
 		return nil
 	}
 	if err := r.m.CommitCopy(copyDirty); err != nil {
@@ -166,15 +183,16 @@ func (r *Remapping) Commit() error {
 	return nil
 }
 
-// Finish completes a pinned MR's remap after Commit, once the caller has
-// resumed placement (the NIC writes both frames meanwhile): the
-// application's view switches to the new frames (mmap MAP_FIXED), then the
-// NIC's table (which ends the mirror and the tracking), the writes that
-// may still be using the old frames are waited for, and the MR's linear
-// mapping comes back. ViewSwitch is set to the time it took. For an ODP
-// MR, or after a Commit that switched everything, it does nothing. On
-// error (the mmap failed) the MR keeps its old frames and its data; the
-// new ones go back at Release.
+// Finish completes a remap after Commit, once the caller has resumed
+// placement (the NIC writes both frames meanwhile): the application's view
+// switches to the new frames (mmap MAP_FIXED), then a pinned MR's table
+// (which ends the mirror and the tracking; an ODP MR's mirror ends with
+// the view's switch, mirrored atomics held off meanwhile), the writes
+// that may still be using the old frames are waited for, and a pinned
+// MR's linear mapping comes back. ViewSwitch is set to the time it took.
+// After a Commit that switched everything it does nothing. On error (the
+// mmap failed) the MR keeps its old frames and its data; the new ones go
+// back at Release.
 func (r *Remapping) Finish() error {
 	if !r.mirrored {
 		return nil
@@ -185,9 +203,19 @@ func (r *Remapping) Finish() error {
 	return r.switchView()
 }
 
-// switchView switches a pinned MR's view and table after CommitCopy.
+// switchView switches the MR's view (and a pinned MR's table) after
+// CommitCopy and the mirror's start.
 func (r *Remapping) switchView() error {
 	mr := r.mr
+	if mr.odp != nil {
+		// On error the view kept the old frames, which the table goes on
+		// writing; the mirror has ended and its copies are done, so
+		// Release may give the new frames back.
+		if err := mr.odp.t.SwitchMirrored(r.m.SwitchView); err != nil {
+			return fmt.Errorf("placement: remap: %w", err)
+		}
+		return nil
+	}
 	if err := r.m.SwitchView(); err != nil {
 		// The view kept the old frames; the table still writes them
 		// (and, mirrored, the new ones: wait for those writes before

@@ -17,30 +17,60 @@ import (
 // after Commit finishes the remap instead of leaving the address space
 // locked: a third remap runs.
 func TestRemapPinnedWritesDuringTheViewSwitch(t *testing.T) {
+	testRemapWritesDuringTheViewSwitch(t, false)
+}
+
+// TestRemapODPWritesDuringTheViewSwitch is the same for an explicit ODP
+// MR, whose table copies through the application's view: the remap's
+// invalidation leaves the table out, Commit starts its mirror, and the
+// view switches in Finish. It fails if the mirror does not copy the
+// WRITE or the atomic into the new frames.
+func TestRemapODPWritesDuringTheViewSwitch(t *testing.T) {
+	testRemapWritesDuringTheViewSwitch(t, true)
+}
+
+func testRemapWritesDuringTheViewSwitch(t *testing.T, odp bool) {
 	as, err := hostmem.NewAddressSpace(hostmem.Config{Size: 16 << 20})
 	require.NoError(t, err)
 	e := placement.New(placement.Config{AddressSpace: as})
 	buf, err := as.Alloc(3 * 4096)
 	require.NoError(t, err)
-	mr, err := e.RegMR(pd1, buf, all)
+	access := all
+	if odp {
+		access |= stag.AccessOnDemand
+	}
+	mr, err := e.RegMR(pd1, buf, access)
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		require.NoError(t, e.DeregMR(mr))
 		require.NoError(t, as.Free(hostmem.AddrOf(buf), len(buf)))
 		require.NoError(t, as.Close())
 	})
+	// An ODP MR's pages fault in at their first use, as the transport
+	// does it (FaultCursor, FaultRemote), and the operation runs again.
 	write := func(off uint64, b []byte) {
 		t.Helper()
 		var c placement.Cursor
 		require.Equal(t, placement.OK, e.Begin(&c, pd1, mr.RKey(), mr.Addr()+off, uint64(len(b)), stag.AccessRemoteWrite))
-		require.Equal(t, placement.OK, e.Write(&c, b))
+		st := e.Write(&c, b)
+		if st == placement.WouldFault && odp {
+			require.Equal(t, placement.OK, e.FaultCursor(&c, uint64(len(b))))
+			st = e.Write(&c, b)
+		}
+		require.Equal(t, placement.OK, st)
 		e.End(&c)
 	}
-	word := func(off uint64) uint64 {
-		orig, st := e.Atomic(pd1, mr.RKey(), mr.Addr()+off, placement.FetchAdd, 0, 0)
+	atomic := func(off, add uint64) uint64 {
+		t.Helper()
+		orig, st := e.Atomic(pd1, mr.RKey(), mr.Addr()+off, placement.FetchAdd, add, 0)
+		if st == placement.WouldFault && odp {
+			require.Equal(t, placement.OK, e.FaultRemote(pd1, mr.RKey(), mr.Addr()+off, 8, true))
+			orig, st = e.Atomic(pd1, mr.RKey(), mr.Addr()+off, placement.FetchAdd, add, 0)
+		}
 		require.Equal(t, placement.OK, st)
 		return orig
 	}
+	word := func(off uint64) uint64 { return atomic(off, 0) }
 	before, ok := as.FrameOf(hostmem.AddrOf(buf))
 	require.True(t, ok)
 
@@ -57,9 +87,7 @@ func TestRemapPinnedWritesDuringTheViewSwitch(t *testing.T) {
 		write(4096-10, msg)
 		require.Equal(t, msg, buf[4096-10:4096-10+len(msg)], "the application's view (old frames) has it")
 		n := word(2 * 4096)
-		orig, st := e.Atomic(pd1, mr.RKey(), mr.Addr()+2*4096, placement.FetchAdd, 5, 0)
-		require.Equal(t, placement.OK, st)
-		require.Equal(t, n, orig)
+		require.Equal(t, n, atomic(2*4096, 5))
 
 		if abort {
 			r.Abort()

@@ -1,0 +1,182 @@
+package pagetable_test
+
+import (
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/softrdma/softrdma/hostmem"
+	"github.com/softrdma/softrdma/pagetable"
+)
+
+// odpCommitted is an ODP remap's state at the end of its critical section:
+// 3 pages faulted in, migrated with every page copied, the invalidation
+// open for every subscription but the table's, the mirror built (not
+// started).
+func odpCommitted(t *testing.T) (*hostmem.AddressSpace, []byte, *pagetable.ODP, *hostmem.Migration, *pagetable.ODPMirror) {
+	t.Helper()
+	as := newAS(t, 16<<20)
+	mem, tab := newODP(t, as, 3, nil)
+	base := hostmem.AddrOf(mem)
+	_, err := tab.Fault(base, uint64(len(mem)), pagetable.FaultWrite)
+	require.NoError(t, err)
+	m, err := as.PrepareMigrate(base, 3)
+	require.NoError(t, err)
+	mir, err := tab.NewMirror(base, m.New)
+	require.NoError(t, err)
+	require.NoError(t, m.CommitCopyKeeping(nil, tab.Subscription()))
+	return as, mem, tab, m, mir
+}
+
+// Between StartMirror and the view switch every write lands in the
+// application's view (the old frames) and in the new frames; the table's
+// entries stay present (the invalidation left them out), so no write
+// faults. After SwitchMirrored the view maps the new frames, which hold
+// everything, and the mirror has ended.
+func TestODPMirrorWritesBothUntilSwitch(t *testing.T) {
+	as, mem, tab, m, mir := odpCommitted(t)
+	base := hostmem.AddrOf(mem)
+	require.NoError(t, tab.StartMirror(mir))
+	require.ErrorContains(t, tab.StartMirror(mir), "already")
+
+	msg := []byte("across the boundary of pages 0 and 1, and 1 and 2: " + string(make([]byte, ps)))
+	off := uint64(ps - 20)
+	n, r := tab.CopyIn(base+off, msg)
+	require.Equal(t, pagetable.OK, r, "present: the invalidation did not clear the table")
+	require.Equal(t, len(msg), n)
+	require.Equal(t, msg, mem[off:off+uint64(len(msg))], "the view (old frames)")
+	newBytes := func() []byte {
+		var b []byte
+		for _, f := range m.New {
+			b = append(b, as.FrameBytes(f)...)
+		}
+		return b
+	}
+	require.Equal(t, msg, newBytes()[off:off+uint64(len(msg))], "the new frames")
+	orig, r := tab.Atomic64(base+2*ps+64, func(p *uint64) uint64 { return atomic.AddUint64(p, 9) - 9 })
+	require.Equal(t, pagetable.OK, r)
+	require.Zero(t, orig)
+	require.EqualValues(t, 9, *(*uint64)(unsafePointer(as.FrameBytes(m.New[2])[64:])), "the atomic's result in the new word")
+
+	require.NoError(t, tab.SwitchMirrored(m.SwitchView))
+	f, ok := as.FrameOf(base)
+	require.True(t, ok)
+	require.Equal(t, m.New[0], f, "the view maps the new frames")
+	require.Equal(t, msg, mem[off:off+uint64(len(msg))])
+	m.Release()
+	// No mirror any more: a write reaches the view alone, and a new
+	// mirror may start.
+	_, r = tab.CopyIn(base, []byte("after"))
+	require.Equal(t, pagetable.OK, r)
+	require.Equal(t, "after", string(mem[:5]))
+}
+
+// A view switch that fails ends the mirror all the same and returns its
+// error; the writes after it reach the view (old frames) only.
+func TestODPMirrorSwitchFails(t *testing.T) {
+	as, mem, tab, m, mir := odpCommitted(t)
+	base := hostmem.AddrOf(mem)
+	require.NoError(t, tab.StartMirror(mir))
+	errSwitch := errors.New("mmap failed")
+	require.ErrorIs(t, tab.SwitchMirrored(func() error { return errSwitch }), errSwitch)
+	_, r := tab.CopyIn(base, []byte("kept"))
+	require.Equal(t, pagetable.OK, r)
+	require.NotEqual(t, "kept", string(as.FrameBytes(m.New[0])[:4]), "the ended mirror wrote the new frame")
+	require.NoError(t, m.SwitchView()) // release the address space's lock
+	m.Release()
+}
+
+// Mirrored atomics that race the view switch are all counted, in the view
+// after it: SwitchMirrored holds them off while the view switches, so no
+// atomic's result is copied from the old word over a newer one.
+func TestODPMirrorAtomicsRaceTheSwitch(t *testing.T) {
+	_, mem, tab, m, mir := odpCommitted(t)
+	base := hostmem.AddrOf(mem)
+	require.NoError(t, tab.StartMirror(mir))
+	const workers, each = 4, 2000
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			for range each {
+				_, r := tab.Atomic64(base+ps, func(p *uint64) uint64 { return atomic.AddUint64(p, 1) - 1 })
+				if r != pagetable.OK {
+					panic(r)
+				}
+			}
+		}()
+	}
+	close(start)
+	require.NoError(t, tab.SwitchMirrored(m.SwitchView))
+	wg.Wait()
+	m.Release()
+	require.EqualValues(t, workers*each, atomic.LoadUint64((*uint64)(unsafePointer(mem[ps:]))))
+}
+
+// A mirrored atomic that comes while the view switches waits for the
+// switch to end (then runs on the new word alone): it can neither run on
+// the old word after its last copy nor have its copy read the new word
+// before its own result is there. (The wait is checked for 20 ms: the
+// test cannot fail when the atomic waits, and fails when it does not,
+// unless its goroutine is not scheduled for 20 ms.)
+func TestODPMirrorAtomicWaitsForTheSwitch(t *testing.T) {
+	_, mem, tab, m, mir := odpCommitted(t)
+	base := hostmem.AddrOf(mem)
+	require.NoError(t, tab.StartMirror(mir))
+	done := make(chan struct{})
+	ranDuring := false
+	require.NoError(t, tab.SwitchMirrored(func() error {
+		go func() {
+			defer close(done)
+			_, r := tab.Atomic64(base+ps, func(p *uint64) uint64 { return atomic.AddUint64(p, 1) - 1 })
+			if r != pagetable.OK {
+				panic(r)
+			}
+		}()
+		select {
+		case <-done:
+			ranDuring = true
+		case <-time.After(20 * time.Millisecond):
+		}
+		return m.SwitchView()
+	}))
+	<-done
+	m.Release()
+	require.False(t, ranDuring, "a mirrored atomic ran while the view switched")
+	require.EqualValues(t, 1, atomic.LoadUint64((*uint64)(unsafePointer(mem[ps:]))))
+}
+
+func TestODPMirrorErrors(t *testing.T) {
+	as := newAS(t, 16<<20)
+	mem, tab := newODP(t, as, 2, nil)
+	base := hostmem.AddrOf(mem)
+	_, other := newODP(t, as, 2, nil)
+	m, err := as.PrepareMigrate(base, 2)
+	require.NoError(t, err)
+	defer m.Abort()
+	_, err = tab.NewMirror(base+1, m.New)
+	require.Error(t, err, "unaligned")
+	_, err = tab.NewMirror(base+ps, m.New)
+	require.Error(t, err, "past the table's end")
+	_, err = tab.NewMirror(base, nil)
+	require.Error(t, err, "no frames")
+	mir, err := tab.NewMirror(base, m.New)
+	require.NoError(t, err)
+	require.Error(t, other.StartMirror(mir), "another table's mirror")
+	require.Error(t, other.StartMirror(nil))
+	imp, err := pagetable.NewImplicit(as, true, nil)
+	require.NoError(t, err)
+	defer func() { _ = imp.Release() }()
+	_, err = imp.NewMirror(base, m.New)
+	require.Error(t, err, "implicit table")
+}
+
+func unsafePointer(b []byte) unsafe.Pointer { return unsafe.Pointer(&b[0]) }
