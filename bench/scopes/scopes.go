@@ -286,10 +286,9 @@ type Result struct {
 	// CPUs the process kept busy (user + system time over wall time) in
 	// the slices with remaps and in those without.
 	RemapWallP50Us float64 `json:"remap_wall_p50_us"`
-	// ViewSwitchP50Us is the p50 of RemapReport.ViewSwitchUs: for pinned
-	// MRs the time after the resume while the NIC writes both frames and
-	// the application's view switches (0 for ODP MRs, whose view switches
-	// inside the critical section).
+	// ViewSwitchP50Us is the p50 of RemapReport.ViewSwitchUs: the time
+	// after the resume while the NIC writes both frames and the
+	// application's view switches (µs).
 	ViewSwitchP50Us float64 `json:"view_switch_p50_us"`
 	RemapDuty       float64 `json:"remap_duty"`
 	CPUs            float64 `json:"cpus"`
