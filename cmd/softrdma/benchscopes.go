@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -186,7 +187,12 @@ func checkWritable(path string) error {
 	}
 	f, err := os.CreateTemp(filepath.Dir(path), ".softrdma-check-*")
 	if err != nil {
-		return err
+		// Name the user's path, not the scratch file's.
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err
+		}
+		return fmt.Errorf("cannot create %s: %w", path, err)
 	}
 	f.Close()
 	return os.Remove(f.Name())

@@ -120,6 +120,22 @@ func (c *toolCmd) options(test perf.Test) (*perf.Options, error) {
 			return nil, err
 		}
 	}
+	// Output paths that cannot be created are command-line errors too,
+	// found before the server waits for its client (checked without
+	// touching an existing file). --out is the server's; the client's is
+	// refused later with its own message.
+	outs := []struct{ flag, path string }{{"--pcap", c.Pcap}}
+	if c.Server == "" {
+		outs = append(outs, struct{ flag, path string }{"--out", c.Out})
+	}
+	for _, o := range outs {
+		if o.path == "" {
+			continue
+		}
+		if err := checkWritable(o.path); err != nil {
+			return nil, fmt.Errorf("%s: %w", o.flag, err)
+		}
+	}
 	switch {
 	case c.RoCEPort != 0 && !c.RDMACM:
 		return nil, fmt.Errorf("--roce-port is the server's device's port for the RDMA CM: it needs -R")

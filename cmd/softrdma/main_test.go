@@ -121,6 +121,9 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"write-bw", "-p", "65536", "h"}, "the port must be 1 to 65535"},
 		{[]string{"write-bw", "--port=-1"}, "the port must be 1 to 65535"},
 		{[]string{"write-bw", "--out", "o", "127.0.0.1"}, "write-bw: --out goes on the server"},
+		{[]string{"write-bw", "--out", "/nonexistent/d/x"}, "--out: cannot create /nonexistent/d/x: no such file or directory"},
+		{[]string{"write-bw", "--out", "/tmp"}, "--out: /tmp is a directory"},
+		{[]string{"write-bw", "--pcap", "/nonexistent/d/x.pcap", "h"}, "--pcap: cannot create /nonexistent/d/x.pcap: no such file or directory"},
 		{[]string{"read-lat", "--file", "main.go", "127.0.0.1"}, "--file and --out are for the BW tools"},
 		{[]string{"demo", "--impair", "loss=5"}, "not a probability"},
 		{[]string{"demo", "-s", "0"}, "at least 1 byte"},
@@ -163,7 +166,7 @@ func TestDemoRefusesUnusableFiles(t *testing.T) {
 		// posted no WRITE, READ or SEND.
 		{[]string{"--file", empty}, "--file " + empty + ": empty, the demo needs bytes to move (bad command line)"},
 		{[]string{"--file", "/dev/null"}, "--file /dev/null: not a regular file (bad command line)"},
-		{[]string{"--pcap", filepath.Join(dir, "no", "dir.pcap")}, "--pcap: open " + filepath.Join(dir, "no")},
+		{[]string{"--pcap", filepath.Join(dir, "no", "dir.pcap")}, "--pcap: cannot create " + filepath.Join(dir, "no", "dir.pcap") + ": no such file or directory"},
 		{[]string{"--pcap", dir}, "--pcap: " + dir + " is a directory (bad command line)"},
 		{[]string{"--file", dir}, "is a directory"},                      // kong's existingfile
 		{[]string{"--file", filepath.Join(dir, "nope")}, "--file: stat"}, // kong's existingfile
