@@ -83,9 +83,11 @@ type AHAttr struct {
 // other than 1, or a DGID that is not an address of the device's IP
 // family.
 func (d *Device) CreateAH(pd *PD, attr AHAttr) (*AH, error) {
-	if pd == nil || pd.dev != d {
-		return nil, ErrBadPD
+	release, err := d.usePD(pd)
+	if err != nil {
+		return nil, err
 	}
+	defer release()
 	if !attr.IsGlobal {
 		return nil, fmt.Errorf("%w: RoCE needs the GRH (is_global)", ErrBadAHAttr)
 	}

@@ -90,9 +90,11 @@ func IncRKey(rkey uint32) uint32 {
 // it again. Errors: ErrBadPD, maxPages outside 1 to
 // placement.MaxFastRegPages (EINVAL).
 func (d *Device) AllocMR(pd *PD, maxPages int) (*MR, error) {
-	if pd == nil || pd.dev != d {
-		return nil, ErrBadPD
+	release, err := d.usePD(pd)
+	if err != nil {
+		return nil, err
 	}
+	defer release()
 	mr, err := d.place.AllocMR(pd.id, maxPages)
 	if err != nil {
 		return nil, fmt.Errorf("softrdma: alloc MR: %w", err)
@@ -117,9 +119,11 @@ func (d *Device) MapMR(mr *MR, buf []byte) error {
 // AllocMW allocates an unbound memory window of type typ in pd
 // (ibv_alloc_mw). Errors: ErrBadPD, an unknown type (EINVAL).
 func (d *Device) AllocMW(pd *PD, typ MWType) (*MW, error) {
-	if pd == nil || pd.dev != d {
-		return nil, ErrBadPD
+	release, err := d.usePD(pd)
+	if err != nil {
+		return nil, err
 	}
+	defer release()
 	mw, err := d.place.AllocMW(pd.id, typ)
 	if err != nil {
 		return nil, fmt.Errorf("softrdma: alloc MW: %w", err)
@@ -174,9 +178,11 @@ const (
 func (d *Device) ReregMR(mr *MR, flags ReregFlags, pd *PD, buf []byte, access Access) error {
 	var pdID uint32
 	if flags&ReregChangePD != 0 {
-		if pd == nil || pd.dev != d {
-			return &ReregError{Code: ReregErrInput, Err: ErrBadPD}
+		release, err := d.usePD(pd)
+		if err != nil {
+			return &ReregError{Code: ReregErrInput, Err: err}
 		}
+		defer release()
 		pdID = pd.id
 	}
 	// A remap of the same MR works on its key and table: one at a time.

@@ -172,6 +172,11 @@ func (d *Device) RegMRImplicit(pd *PD, access Access) (*MR, error) {
 // profile without ODP; an invalid-argument error for a range outside the
 // address space.
 func (d *Device) RegMRAddr(pd *PD, addr, length uint64, access Access) (*MR, error) {
+	release, err := d.usePD(pd)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	if err := d.checkReg(pd, access); err != nil {
 		return nil, err
 	}
@@ -193,9 +198,11 @@ func (d *Device) RegMRAddr(pd *PD, addr, length uint64, access Access) (*MR, err
 // pinned MR, PREFETCH_WRITE on an MR without LOCAL_WRITE, or a range
 // outside the MR.
 func (d *Device) AdviseMR(pd *PD, advice Advice, flags uint32, sgl []SGE) error {
-	if pd == nil || pd.dev != d {
-		return fmt.Errorf("softrdma: advise MR: %w: %w", ErrBadPD, placement.ErrInvalid)
+	release, err := d.usePD(pd)
+	if err != nil {
+		return fmt.Errorf("softrdma: advise MR: %w: %w", err, placement.ErrInvalid)
 	}
+	defer release()
 	if err := d.place.AdviseMR(pd.id, advice, flags, sgl); err != nil {
 		return fmt.Errorf("softrdma: %w", err)
 	}

@@ -261,6 +261,48 @@ func (d *Device) Attr() DeviceAttr {
 type PD struct {
 	dev *Device
 	id  uint32
+	// mu is held for reading while something is created in the PD (MR,
+	// MW, QP, AH) and for writing by DeallocPD, which sets dead.
+	mu   sync.RWMutex
+	dead bool
+}
+
+// usePD checks pd for a call that creates something in it and holds it
+// against DeallocPD until the returned release. Errors: ErrBadPD (nil,
+// another device's, or deallocated).
+func (d *Device) usePD(pd *PD) (release func(), err error) {
+	if pd == nil || pd.dev != d {
+		return nil, ErrBadPD
+	}
+	pd.mu.RLock()
+	if pd.dead {
+		pd.mu.RUnlock()
+		return nil, ErrBadPD
+	}
+	return pd.mu.RUnlock, nil
+}
+
+// DeallocPD deallocates pd (ibv_dealloc_pd). Errors: ErrBadPD (nil,
+// another device's PD, or deallocated already); transport.ErrBusy (EBUSY,
+// as ibv_dealloc_pd(3)) while an MR, a memory window, a QP or an address
+// handle of pd exists. Afterwards every call given pd returns ErrBadPD.
+func (d *Device) DeallocPD(pd *PD) error {
+	if pd == nil || pd.dev != d {
+		return ErrBadPD
+	}
+	pd.mu.Lock()
+	defer pd.mu.Unlock()
+	if pd.dead {
+		return ErrBadPD
+	}
+	if what := d.place.PDInUse(pd.id); what != "" {
+		return fmt.Errorf("softrdma: dealloc PD: %s of the PD exists: %w", what, transport.ErrBusy)
+	}
+	if what := d.t.PDInUse(pd.id); what != "" {
+		return fmt.Errorf("softrdma: dealloc PD: %s of the PD exists: %w", what, transport.ErrBusy)
+	}
+	pd.dead = true
+	return nil
 }
 
 // AllocPD allocates a protection domain (ibv_alloc_pd). Errors: ErrClosed
@@ -277,8 +319,9 @@ func (d *Device) AllocPD() (*PD, error) {
 // Len() in bytes.
 type MR = placement.MR
 
-// ErrBadPD is returned for a nil PD or one allocated on another device.
-var ErrBadPD = errors.New("softrdma: nil PD or a PD of another device")
+// ErrBadPD is returned for a nil PD, one allocated on another device, or
+// one deallocated (DeallocPD).
+var ErrBadPD = errors.New("softrdma: nil PD, a PD of another device, or a deallocated PD")
 
 // ErrBadAccess is returned when REMOTE_WRITE or REMOTE_ATOMIC is asked
 // without LOCAL_WRITE (IBTA 10.6.3.1, ibv_reg_mr(3): EINVAL).
@@ -293,6 +336,11 @@ var ErrBadAccess = errors.New("softrdma: REMOTE_WRITE and REMOTE_ATOMIC need LOC
 // without it and an invalid-argument error for memory outside the address
 // space.
 func (d *Device) RegMR(pd *PD, buf []byte, access Access) (*MR, error) {
+	release, err := d.usePD(pd)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	if err := d.checkReg(pd, access); err != nil {
 		return nil, err
 	}
@@ -350,9 +398,11 @@ func (d *Device) CreateCQ(depth int) (*CQ, error) {
 // of another device, a QP type other than RC, UC and UD, or capacities
 // over the device's limits (DeviceAttr).
 func (d *Device) CreateQP(pd *PD, init QPInitAttr) (*QP, error) {
-	if pd == nil || pd.dev != d {
-		return nil, ErrBadPD
+	release, err := d.usePD(pd)
+	if err != nil {
+		return nil, err
 	}
+	defer release()
 	qp, err := d.t.CreateQP(pd.id, &init)
 	if err != nil {
 		return nil, fmt.Errorf("softrdma: create QP: %w", err)
@@ -367,9 +417,11 @@ func (d *Device) CreateQP(pd *PD, init QPInitAttr) (*QP, error) {
 // invalid capacity (transport.ErrBadAttr); transport.ErrBusy when QP1
 // exists (one connection manager per device).
 func (d *Device) CreateGSIQP(pd *PD, init QPInitAttr) (*QP, error) {
-	if pd == nil || pd.dev != d {
-		return nil, ErrBadPD
+	release, err := d.usePD(pd)
+	if err != nil {
+		return nil, err
 	}
+	defer release()
 	init.Type = QPTypeUD
 	qp, err := d.t.CreateGSIQP(pd.id, &init)
 	if err != nil {
@@ -382,6 +434,18 @@ func (d *Device) CreateGSIQP(pd *PD, init QPInitAttr) (*QP, error) {
 // Its high bit makes it a controlled Q_Key: a work request naming it is
 // sent with the QP's own Q_Key (IBTA 10.2.5).
 const GSIQKey = mad.GSIQKey
+
+// DestroyCQ destroys a completion queue (ibv_destroy_cq); Poll and Wait
+// then return an error wrapping transport.ErrBadCQ, and CreateQP refuses
+// it. Errors: transport.ErrBadCQ (nil, another device's CQ, destroyed
+// already); transport.ErrBusy (EBUSY, as ibv_destroy_cq(3)) while a QP
+// uses it: destroy the QP first.
+func (d *Device) DestroyCQ(cq *CQ) error {
+	if err := d.t.DestroyCQ(cq); err != nil {
+		return fmt.Errorf("softrdma: %w", err)
+	}
+	return nil
+}
 
 // DestroyQP destroys a QP, flushing its outstanding WRs (ibv_destroy_qp).
 // A nil QP, one destroyed already or one of another device is ErrBadQP

@@ -138,6 +138,16 @@ func (r *registry) remove(m *MR) {
 	r.mu.Unlock()
 }
 
+// PDInUse names what keeps protection domain pd in use ("an MR or a
+// memory window"), or returns "" when nothing registered or allocated on
+// the device is in it (ibv_dealloc_pd's EBUSY check, placement's half).
+func (e *Engine) PDInUse(pd uint32) string {
+	if e.mrs.InPD(pd) {
+		return "an MR or a memory window"
+	}
+	return ""
+}
+
 // MRsCovering returns the live MRs (pinned or explicit ODP, not implicit)
 // whose range holds all of [addr, addr+n).
 func (e *Engine) MRsCovering(addr, n uint64) []*MR {

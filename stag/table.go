@@ -950,6 +950,26 @@ func (t *Table[V]) Free(key STag) error {
 	return nil
 }
 
+// InPD reports whether an allocated (not freed) entry of protection domain
+// pd exists: a region or a window, valid or not (ibv_dealloc_pd's EBUSY
+// check). It scans the allocated chunks under the table's lock.
+func (t *Table[V]) InPD(pd uint32) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for i := range t.dir {
+		c := t.dir[i].Load()
+		if c == nil {
+			continue
+		}
+		for j := range c {
+			if s := &c[j]; s.entry.Load() != nil && uint32(s.keyPD.Load()>>32) == pd {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // Len returns the number of allocated (not freed) entries.
 func (t *Table[V]) Len() int {
 	t.mu.Lock()

@@ -3,6 +3,7 @@ package transport
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 )
 
 // CQ is a completion queue (ibv_cq): a ring of at most depth WCs. When a
@@ -20,6 +21,9 @@ type CQ struct {
 		overrun bool // guarded by mu
 	}
 	notify chan struct{} // capacity 1: a completion arrived
+	// destroyed is set by Device.DestroyCQ (under the device's QP lock,
+	// which CreateQP holds while it checks it).
+	destroyed atomic.Bool
 	// devDone is closed when the CQ's device closes (NewDeviceCQ); nil
 	// (NewCQ): never.
 	devDone <-chan struct{}
@@ -79,8 +83,11 @@ func (cq *CQ) wake() {
 // Poll moves up to len(wcs) completions, oldest first, into wcs and returns
 // how many (ibv_poll_cq). It never blocks and never allocates. After an
 // overrun it returns ErrCQOverrun; a device CQ that is empty after its
-// device's Close returns ErrClosed.
+// device's Close returns ErrClosed; a destroyed CQ, ErrBadCQ.
 func (cq *CQ) Poll(wcs []WC) (int, error) {
+	if cq.destroyed.Load() {
+		return 0, ErrBadCQ
+	}
 	cq.mu.Lock()
 	defer cq.mu.Unlock()
 	if cq.mu.overrun {

@@ -104,6 +104,11 @@ type Device struct {
 		next uint32 // next QPN to try; guarded
 	}
 	qpTable [MaxQPN]atomic.Pointer[QP]
+	// ahs counts the live address handles of each PD (DeallocPD).
+	ahs struct {
+		sync.Mutex
+		perPD map[uint32]int
+	}
 
 	runq struct {
 		sync.Mutex
@@ -311,6 +316,9 @@ func (d *Device) createQP(pd uint32, init *QPInitAttr, qpn uint32) (*QP, error) 
 
 	d.qps.Lock()
 	defer d.qps.Unlock()
+	if init.SendCQ.destroyed.Load() || init.RecvCQ.destroyed.Load() {
+		return nil, fmt.Errorf("%w: a destroyed CQ", ErrBadAttr)
+	}
 	if qpn != 0 {
 		if d.qpTable[qpn].Load() != nil {
 			return nil, fmt.Errorf("%w: QP %d exists", ErrBusy, qpn)
@@ -346,6 +354,49 @@ func (d *Device) createQP(pd uint32, init *QPInitAttr, qpn uint32) (*QP, error) 
 		}
 	}
 	return nil, fmt.Errorf("transport: all %d QPNs in use", MaxQPN-FirstQPN)
+}
+
+// DestroyCQ destroys cq (ibv_destroy_cq): Poll and Wait then return
+// ErrBadCQ, and CreateQP refuses it. Errors: ErrBadCQ (nil, another
+// device's CQ, or destroyed already); ErrBusy (EBUSY, as
+// ibv_destroy_cq(3)) while a QP uses it as its send or receive CQ.
+func (d *Device) DestroyCQ(cq *CQ) error {
+	if cq == nil || cq.devDone != d.done {
+		return fmt.Errorf("transport: destroy CQ: %w", ErrBadCQ)
+	}
+	d.qps.Lock()
+	defer d.qps.Unlock()
+	if cq.destroyed.Load() {
+		return fmt.Errorf("transport: destroy CQ: %w", ErrBadCQ)
+	}
+	for i := range d.qpTable {
+		if qp := d.qpTable[i].Load(); qp != nil && (qp.sendCQ == cq || qp.recvCQ == cq) {
+			return fmt.Errorf("transport: destroy CQ: QP %d uses it: %w", i, ErrBusy)
+		}
+	}
+	cq.destroyed.Store(true)
+	cq.wake() // a waiter polls again and gets ErrBadCQ
+	return nil
+}
+
+// PDInUse names what keeps protection domain pd in use in the transport
+// ("a QP", "an address handle"), or returns "" (ibv_dealloc_pd's EBUSY
+// check, the transport's half).
+func (d *Device) PDInUse(pd uint32) string {
+	d.qps.Lock()
+	for i := range d.qpTable {
+		if qp := d.qpTable[i].Load(); qp != nil && qp.pd == pd {
+			d.qps.Unlock()
+			return fmt.Sprintf("QP %d", i)
+		}
+	}
+	d.qps.Unlock()
+	d.ahs.Lock()
+	defer d.ahs.Unlock()
+	if d.ahs.perPD[pd] > 0 {
+		return "an address handle"
+	}
+	return ""
 }
 
 // DestroyQP removes the QP (ibv_destroy_qp); outstanding WRs are flushed.

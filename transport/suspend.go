@@ -106,8 +106,8 @@ type suspendState struct {
 	// queued, then loads replay at the end of its batch: one of the two
 	// sees the other).
 	queued atomic.Int32
-	slots [][]byte
-	free  []int
+	slots  [][]byte
+	free   []int
 	// holdThis is set by the responder or completer when placement said
 	// Suspended: handle then holds the packet (receive loop only).
 	holdThis bool

@@ -284,6 +284,7 @@ var (
 	ErrAtomicLength  = errors.New("atomic needs one 8-byte local SGE")
 	ErrBusy          = errors.New("resource in use (EBUSY)")
 	ErrBadQP         = errors.New("QP missing, destroyed or of another device")
+	ErrBadCQ         = errors.New("CQ missing, destroyed or of another device")
 )
 
 // qpnOf is a helper for WC.QPN.

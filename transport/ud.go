@@ -77,6 +77,7 @@ type AH struct {
 	attr      AHAttr
 	dest      netip.AddrPort // normalized: unmapped IP, port set
 	destroyed atomic.Bool
+	dev       *Device
 }
 
 // CreateAH creates an address handle in protection domain pd
@@ -101,15 +102,27 @@ func (d *Device) CreateAH(pd uint32, attr *AHAttr) (*AH, error) {
 	if port == 0 {
 		port = wire.RoCEv2Port
 	}
-	return &AH{pd: pd, attr: *attr, dest: netip.AddrPortFrom(ip, port)}, nil
+	ah := &AH{pd: pd, attr: *attr, dest: netip.AddrPortFrom(ip, port), dev: d}
+	d.ahs.Lock()
+	if d.ahs.perPD == nil {
+		d.ahs.perPD = make(map[uint32]int)
+	}
+	d.ahs.perPD[pd]++
+	d.ahs.Unlock()
+	return ah, nil
 }
 
 // DestroyAH destroys an address handle (ibv_destroy_ah). Work requests
 // already posted with it are sent; later ones are refused.
 func (d *Device) DestroyAH(ah *AH) error {
-	if ah == nil || ah.destroyed.Swap(true) {
+	if ah == nil || ah.dev != d || ah.destroyed.Swap(true) {
 		return fmt.Errorf("%w: destroy", ErrBadAH)
 	}
+	d.ahs.Lock()
+	if d.ahs.perPD[ah.pd]--; d.ahs.perPD[ah.pd] <= 0 {
+		delete(d.ahs.perPD, ah.pd)
+	}
+	d.ahs.Unlock()
 	return nil
 }
 
