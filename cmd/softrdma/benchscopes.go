@@ -116,7 +116,7 @@ func (c *benchScopesCmd) config() (scopes.Config, error) {
 func (c *benchScopesCmd) run(ctx context.Context, stdout, stderr io.Writer) int {
 	cfg, err := c.config()
 	if err != nil {
-		fmt.Fprintf(stderr, "softrdma: bench scopes: %v\n", err)
+		fmt.Fprintf(stderr, "softrdma: bench scopes: %s\n", errText(err))
 		return exitUsage
 	}
 	// The output files' directories are checked before the run, so that
@@ -140,7 +140,7 @@ func (c *benchScopesCmd) run(ctx context.Context, stdout, stderr io.Writer) int 
 		}
 		defer func() {
 			if err := n.Close(); err != nil {
-				fmt.Fprintf(stderr, "softrdma: bench scopes: %v\n", err)
+				fmt.Fprintf(stderr, "softrdma: bench scopes: %s\n", errText(err))
 			}
 		}()
 		cfg.Netns = n
@@ -149,7 +149,7 @@ func (c *benchScopesCmd) run(ctx context.Context, stdout, stderr io.Writer) int 
 	}
 	rs, err := scopes.Run(ctx, cfg)
 	if err != nil {
-		fmt.Fprintf(stderr, "softrdma: bench scopes: %v\n", err)
+		fmt.Fprintf(stderr, "softrdma: bench scopes: %s\n", errText(err))
 		return exitFail
 	}
 	if c.JSON {
@@ -158,12 +158,12 @@ func (c *benchScopesCmd) run(ctx context.Context, stdout, stderr io.Writer) int 
 		err = scopes.WriteTable(stdout, cfg, rs)
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "softrdma: bench scopes: %v\n", err)
+		fmt.Fprintf(stderr, "softrdma: bench scopes: %s\n", errText(err))
 		return exitFail
 	}
 	if c.CSV != "" {
 		if err := writeFile(c.CSV, func(w io.Writer) error { return scopes.WriteCSV(w, rs) }); err != nil {
-			fmt.Fprintf(stderr, "softrdma: bench scopes: %v\n", err)
+			fmt.Fprintf(stderr, "softrdma: bench scopes: %s\n", errText(err))
 			return exitFail
 		}
 	}
@@ -171,7 +171,7 @@ func (c *benchScopesCmd) run(ctx context.Context, stdout, stderr io.Writer) int 
 		title := fmt.Sprintf("softrdma scope experiment (%s): %d QPs, %d MRs, %d PDs, %s MRs of %s, remap every %v",
 			cfg.Network(), cfg.QPs, cfg.MRs, cfg.PDs, cfg.Kind, fmt.Sprintf("%d KiB", cfg.MRSize>>10), cfg.Period)
 		if err := scopes.Plot(c.Plot, rs, title); err != nil {
-			fmt.Fprintf(stderr, "softrdma: bench scopes: %v\n", err)
+			fmt.Fprintf(stderr, "softrdma: bench scopes: %s\n", errText(err))
 			return exitFail
 		}
 	}

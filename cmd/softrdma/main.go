@@ -55,7 +55,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	exited := -1
 	parser, err := newParser(&c, stdout, stderr, func(code int) { exited = code })
 	if err != nil {
-		fmt.Fprintf(stderr, "softrdma: %v\n", err)
+		fmt.Fprintf(stderr, "softrdma: %s\n", errText(err))
 		return exitFail
 	}
 	kctx, err := parser.Parse(args)
@@ -80,7 +80,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 				return exitUsage
 			}
 			if !errors.Is(err, demo.ErrFailed) {
-				fmt.Fprintf(stderr, "softrdma: %v\n", err)
+				fmt.Fprintf(stderr, "softrdma: %s\n", errText(err))
 			}
 			return exitFail
 		}
@@ -103,12 +103,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	test, err := perf.ParseTest(cmd)
 	if err != nil {
-		fmt.Fprintf(stderr, "softrdma: %v\n", err)
+		fmt.Fprintf(stderr, "softrdma: %s\n", errText(err))
 		return exitUsage
 	}
 	o, err := c.tool(test).options(test)
 	if err != nil {
-		fmt.Fprintf(stderr, "softrdma: %v\n", err)
+		fmt.Fprintf(stderr, "softrdma: %s\n", errText(err))
 		return exitUsage
 	}
 	o.Stdout, o.Logf = stdout, logf
@@ -152,4 +152,16 @@ func (c *cli) tool(t perf.Test) *toolCmd {
 		return &c.SendLat
 	}
 	return &c.AtomicBW
+}
+
+// errText is err's message without the package prefixes that the
+// command's own prefix already says ("softrdma: ", then "scopes: "), so
+// that a message reads "softrdma: open …" rather than "softrdma: softrdma:
+// open …".
+func errText(err error) string {
+	s := err.Error()
+	for _, p := range []string{"softrdma: ", "scopes: "} {
+		s = strings.TrimPrefix(s, p)
+	}
+	return s
 }

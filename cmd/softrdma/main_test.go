@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -278,4 +279,19 @@ func TestInterrupted(t *testing.T) {
 	wrapped := fmt.Errorf("poll CQ: %w", context.Canceled)
 	assert.Equal(t, wrapped, interrupted(wrapped))
 	assert.Nil(t, interrupted(nil))
+}
+
+// TestErrText: the command's "softrdma: " prefix is not doubled by an
+// error of package softrdma or bench/scopes, and other messages keep
+// theirs.
+func TestErrText(t *testing.T) {
+	for in, want := range map[string]string{
+		"softrdma: open 127.0.0.1:4791: address in use": "open 127.0.0.1:4791: address in use",
+		"scopes: -q 0: at least 1":                      "-q 0: at least 1",
+		"softrdma: scopes: x":                           "x",
+		"transport: destroy QP: bad":                    "transport: destroy QP: bad",
+		"a softrdma: inside":                            "a softrdma: inside",
+	} {
+		require.Equal(t, want, errText(errors.New(in)), in)
+	}
 }
