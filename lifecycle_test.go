@@ -97,15 +97,20 @@ func TestDestroyCQ(t *testing.T) {
 	require.ErrorIs(t, d.DestroyCQ(rcq), transport.ErrBusy, "the QP's receive CQ")
 	require.NoError(t, d.DestroyQP(qp))
 
-	waited := make(chan error, 1)
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		defer cancel()
-		_, err := rcq.Wait(ctx, make([]softrdma.WC, 1))
-		waited <- err
-	}()
+	const waiters = 4
+	waited := make(chan error, waiters)
+	for range waiters {
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			_, err := rcq.Wait(ctx, make([]softrdma.WC, 1))
+			waited <- err
+		}()
+	}
 	require.NoError(t, d.DestroyCQ(rcq))
-	require.ErrorIs(t, <-waited, transport.ErrBadCQ, "the waiter wakes with ErrBadCQ, not at its deadline")
+	for range waiters {
+		require.ErrorIs(t, <-waited, transport.ErrBadCQ, "every waiter wakes with ErrBadCQ, not at its deadline")
+	}
 	_, err = rcq.Poll(make([]softrdma.WC, 1))
 	require.ErrorIs(t, err, transport.ErrBadCQ)
 	_, err = d.CreateQP(p.A.PD, softrdma.QPInitAttr{SendCQ: scq, RecvCQ: rcq, Type: softrdma.QPTypeRC, Cap: capQP})

@@ -144,9 +144,11 @@ type RemapReport struct {
 // mr's pages during the remap.
 //
 // Errors: placement.ErrNotRemappable (memory not of the address space, an
-// implicit ODP MR), an invalid scope or policy, a deregistered MR; the
-// host's (frame pool exhausted, pages freed). On error the MR keeps its
-// frames and its data.
+// implicit ODP MR), an invalid scope or policy, a deregistered MR;
+// hostmem.ErrShared when another ODP MR (a second MR on the same pages, or
+// an implicit ODP MR) covers the pages, since its writes would escape the
+// remap's dirty tracking; the host's (frame pool exhausted, pages freed).
+// On error the MR keeps its frames and its data.
 func (d *Device) Remap(mr *MR, scope Scope, policy PausePolicy) (RemapReport, error) {
 	if !scope.Valid() {
 		return RemapReport{}, fmt.Errorf("softrdma: remap: scope %v: %w", scope, placement.ErrInvalid)

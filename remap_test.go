@@ -245,6 +245,48 @@ func TestResumeReplaysHeldPackets(t *testing.T) {
 	require.Zero(t, p.A.Dev.Counters().Retransmits.Load(), "nothing was sent again")
 }
 
+// TestRemapRefusesSharedPages: a remap tracks the writes of the remapped
+// MR's own table only; another ODP MR over the same pages (a second MR on
+// the buffer, or an implicit MR) writes them through the application's
+// view unseen, and its writes during the pre-copy would be lost. Such a
+// remap is refused (hostmem.ErrShared), for an ODP MR and for a pinned
+// one, with the MR's bytes untouched; once the other MR is gone the remap
+// runs.
+func TestRemapRefusesSharedPages(t *testing.T) {
+	p := softrdmatest.NewPair(t, softrdmatest.Options{NoPcap: true})
+	d := p.B.Dev
+
+	buf, mr := odpAlloc(t, p.B, 2*pageSize, rw)
+	copy(buf, "kept")
+	other, err := d.RegMR(p.B.PD, buf, rw|softrdma.AccessOnDemand)
+	require.NoError(t, err)
+	_, err = d.Remap(mr, softrdma.ScopeMR, softrdma.PolicyHold)
+	require.ErrorIs(t, err, hostmem.ErrShared, "a second ODP MR over the pages")
+	require.Equal(t, "kept", string(buf[:4]))
+	require.NoError(t, d.DeregMR(other))
+	implicit, err := d.RegMRImplicit(p.B.PD, rw|softrdma.AccessOnDemand)
+	require.NoError(t, err)
+	_, err = d.Remap(mr, softrdma.ScopeMR, softrdma.PolicyHold)
+	require.ErrorIs(t, err, hostmem.ErrShared, "an implicit ODP MR")
+	require.NoError(t, d.DeregMR(implicit))
+	rep, err := d.Remap(mr, softrdma.ScopeMR, softrdma.PolicyHold)
+	require.NoError(t, err)
+	require.Equal(t, 2, rep.PagesMoved)
+	require.Equal(t, "kept", string(buf[:4]))
+
+	pbuf, pmr := asMR(t, p.B, p.B.PD, pageSize)
+	copy(pbuf, "pinned")
+	odp, err := d.RegMR(p.B.PD, pbuf, rw|softrdma.AccessOnDemand)
+	require.NoError(t, err)
+	_, err = d.Remap(pmr, softrdma.ScopeMR, softrdma.PolicyHold)
+	require.ErrorIs(t, err, hostmem.ErrShared, "an ODP MR over a pinned MR's pages")
+	require.Equal(t, "pinned", string(pbuf[:6]))
+	require.NoError(t, d.DeregMR(odp))
+	_, err = d.Remap(pmr, softrdma.ScopeMR, softrdma.PolicyHold)
+	require.NoError(t, err)
+	require.Equal(t, "pinned", string(pbuf[:6]))
+}
+
 // TestSuspendWidened: a device that cannot pause one MR widens the scope
 // and says so.
 func TestSuspendWidened(t *testing.T) {

@@ -394,7 +394,7 @@ func (d *Device) CreateCQ(depth int) (*CQ, error) {
 }
 
 // CreateQP creates a queue pair in RESET in pd (ibv_create_qp). Errors:
-// ErrBadPD (nil or another device's PD); ErrBadAttr for missing CQs, CQs
+// ErrBadPD (nil, another device's PD, or a deallocated one); ErrBadAttr for missing CQs, CQs
 // of another device, a QP type other than RC, UC and UD, or capacities
 // over the device's limits (DeviceAttr).
 func (d *Device) CreateQP(pd *PD, init QPInitAttr) (*QP, error) {

@@ -179,6 +179,9 @@ func (s *AddressSpace) allocMigration(m *Migration) (unpopulated []Frame, locked
 	return unpopulated, locked, nil
 }
 
+// AddressSpace returns the address space of the migration.
+func (m *Migration) AddressSpace() *AddressSpace { return m.as }
+
 // Pages returns the number of pages migrated.
 func (m *Migration) Pages() int { return len(m.Old) }
 
@@ -246,12 +249,25 @@ func (m *Migration) CommitCopy(copyDirty func(m *Migration) error) error {
 // has switched. Every other subscription of the range is invalidated as by
 // CommitCopy; their faults wait until SwitchView.
 func (m *Migration) CommitCopyKeeping(copyDirty func(m *Migration) error, keep *Subscription) error {
+	return m.commitCopyLocked(copyDirty, keep, false)
+}
+
+// CommitCopyExclusive is CommitCopyKeeping for a remap that tracked the
+// writes of keep alone (nil: of no ODP table) since before its pre-copy:
+// if any other subscription overlaps the range, it refuses with ErrShared
+// (the migration is over, the new frames given back, the lock released),
+// since that table's writes during the pre-copy were not tracked.
+func (m *Migration) CommitCopyExclusive(copyDirty func(m *Migration) error, keep *Subscription) error {
+	return m.commitCopyLocked(copyDirty, keep, true)
+}
+
+func (m *Migration) commitCopyLocked(copyDirty func(m *Migration) error, keep *Subscription, exclusive bool) error {
 	s := m.as
 	if m.state != migrationPrepared {
 		return errors.New("hostmem: commit of a migration that is not prepared")
 	}
 	s.mu.Lock()
-	inv, err := m.commitCopy(copyDirty, keep)
+	inv, err := m.commitCopy(copyDirty, keep, exclusive)
 	if err != nil {
 		if inv != nil {
 			s.invalidateEnd(inv)
@@ -369,7 +385,7 @@ func (s *AddressSpace) populateView(p uintptr, ro []bool) {
 
 // commitCopy runs Commit's checks and copies, under mu; the invalidation
 // it started (nil if it failed before) stays open.
-func (m *Migration) commitCopy(copyDirty func(m *Migration) error, keep *Subscription) (*invalidation, error) {
+func (m *Migration) commitCopy(copyDirty func(m *Migration) error, keep *Subscription, exclusive bool) (*invalidation, error) {
 	s := m.as
 	if s.closed.Load() {
 		return nil, ErrClosed
@@ -393,7 +409,10 @@ func (m *Migration) commitCopy(copyDirty func(m *Migration) error, keep *Subscri
 			return nil, err
 		}
 	}
-	inv := s.invalidateStartKeeping(Range{m.Addr, m.Addr + uint64(n)<<PageShift}, EventMigrate, keep)
+	inv, err := s.invalidateStartKeeping(Range{m.Addr, m.Addr + uint64(n)<<PageShift}, EventMigrate, keep, exclusive)
+	if err != nil {
+		return nil, fmt.Errorf("hostmem: migrate %#x+%d pages: %w", m.Addr, n, err)
+	}
 	m.subscribed = len(inv.subs) > 0 || keep != nil
 	if copyDirty == nil {
 		for i := range m.Old {

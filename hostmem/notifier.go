@@ -219,14 +219,22 @@ type invalidation struct {
 // overlaps r turns odd, then gets its Invalidate callback. Called with mu;
 // the caller changes the range and then calls invalidateEnd.
 func (s *AddressSpace) invalidateStart(r Range, ev Event) *invalidation {
-	return s.invalidateStartKeeping(r, ev, nil)
+	inv, _ := s.invalidateStartKeeping(r, ev, nil, false)
+	return inv
 }
 
 // invalidateStartKeeping is invalidateStart that leaves keep (nil: none)
-// out: its count stays even and its callback is not called.
-func (s *AddressSpace) invalidateStartKeeping(r Range, ev Event, keep *Subscription) *invalidation {
+// out: its count stays even and its callback is not called. exclusive
+// refuses, with ErrShared and nothing started, a range that a
+// subscription other than keep overlaps (checked under the subscription
+// lock, so that none is added between the check and the start).
+func (s *AddressSpace) invalidateStartKeeping(r Range, ev Event, keep *Subscription, exclusive bool) (*invalidation, error) {
 	inv := &invalidation{r: r, ev: ev}
 	s.subs.Lock()
+	if exclusive && s.subscribedBesidesLocked(r, keep) {
+		s.subs.Unlock()
+		return nil, ErrShared
+	}
 	for _, sub := range s.subs.list {
 		if sub != keep && sub.r.Overlaps(r) {
 			sub.seq.Add(1)
@@ -240,7 +248,7 @@ func (s *AddressSpace) invalidateStartKeeping(r Range, ev Event, keep *Subscript
 		sub.n.Invalidate(sub, Invalidation{Range: sub.r.Intersect(r), Event: ev, Seq: sub.seq.Load()})
 	}
 	s.stats.invalidations.Add(int64(len(calls)))
-	return inv
+	return inv, nil
 }
 
 // invalidateEnd ends inv: the counts become even (ReadBegin stops
@@ -264,4 +272,26 @@ func (s *AddressSpace) invalidateEnd(inv *invalidation) {
 	s.subs.active = nil
 	s.subs.ended.Broadcast()
 	s.subs.Unlock()
+}
+
+// ErrShared: a remap's range is also reached through another subscription
+// (another ODP MR over the same pages, or an implicit ODP MR), whose
+// writes the remap's dirty tracking does not see: they would be lost.
+var ErrShared = errors.New("hostmem: the range is also subscribed by another ODP table")
+
+// SubscribedBesides reports whether a subscription other than keep (nil:
+// any) overlaps r.
+func (s *AddressSpace) SubscribedBesides(r Range, keep *Subscription) bool {
+	s.subs.Lock()
+	defer s.subs.Unlock()
+	return s.subscribedBesidesLocked(r, keep)
+}
+
+func (s *AddressSpace) subscribedBesidesLocked(r Range, keep *Subscription) bool {
+	for _, sub := range s.subs.list {
+		if sub != keep && sub.r.Overlaps(r) {
+			return true
+		}
+	}
+	return false
 }

@@ -81,6 +81,24 @@ func (e *Engine) PrepareRemap(mr *MR) (*Remapping, error) {
 	default:
 		return nil, ErrNotRemappable
 	}
+	// Another ODP table over these pages (a second MR on the same buffer,
+	// an implicit MR) writes them through the application's view, where
+	// this remap's dirty tracking does not see it: its writes during the
+	// pre-copy would be lost. Refused here, and again atomically at
+	// Commit (a table registered meanwhile).
+	var keep *hostmem.Subscription
+	if mr.odp != nil {
+		keep = mr.odp.t.Subscription()
+	}
+	if r.m.AddressSpace().SubscribedBesides(hostmem.Range{Start: r.m.Addr, End: r.m.Addr + uint64(r.m.Pages())<<hostmem.PageShift}, keep) {
+		r.m.Abort()
+		if mr.odp != nil {
+			mr.odp.t.StopTracking()
+		} else {
+			r.restoreLinear()
+		}
+		return nil, fmt.Errorf("placement: remap: another ODP MR covers these pages: %w", hostmem.ErrShared)
+	}
 	r.Pages = r.m.Pages()
 	start := time.Now()
 	for i := range r.Pages {
@@ -157,7 +175,7 @@ func (r *Remapping) Commit() error {
 		// has switched the view: the invalidation leaves the table out,
 		// so that its faults do not wait for the switch.
 		t := mr.odp.t
-		err := r.m.CommitCopyKeeping(copyDirty, t.Subscription())
+		err := r.m.CommitCopyExclusive(copyDirty, t.Subscription())
 		t.StopTracking()
 		if err != nil {
 			return fmt.Errorf("placement: remap: %w", err)
@@ -170,7 +188,7 @@ func (r *Remapping) Commit() error {
 		r.mirrored = true
 		return nil
 	}
-	if err := r.m.CommitCopy(copyDirty); err != nil {
+	if err := r.m.CommitCopyExclusive(copyDirty, nil); err != nil {
 		r.restoreLinear()
 		return fmt.Errorf("placement: remap: %w", err)
 	}

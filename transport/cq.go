@@ -22,8 +22,10 @@ type CQ struct {
 	}
 	notify chan struct{} // capacity 1: a completion arrived
 	// destroyed is set by Device.DestroyCQ (under the device's QP lock,
-	// which CreateQP holds while it checks it).
+	// which CreateQP holds while it checks it), which then closes gone,
+	// so that every waiter wakes.
 	destroyed atomic.Bool
+	gone      chan struct{}
 	// devDone is closed when the CQ's device closes (NewDeviceCQ); nil
 	// (NewCQ): never.
 	devDone <-chan struct{}
@@ -34,7 +36,7 @@ func NewCQ(depth int) *CQ {
 	if depth < 1 {
 		depth = 1
 	}
-	cq := &CQ{notify: make(chan struct{}, 1)}
+	cq := &CQ{notify: make(chan struct{}, 1), gone: make(chan struct{})}
 	cq.mu.ring = make([]WC, depth)
 	return cq
 }
@@ -125,6 +127,7 @@ func (cq *CQ) Wait(ctx context.Context, wcs []WC) (int, error) {
 		select {
 		case <-cq.notify:
 		case <-cq.devDone: // the next Poll says ErrClosed, after what is queued
+		case <-cq.gone: // the next Poll says ErrBadCQ
 		case <-ctx.Done():
 			return 0, ctx.Err()
 		}

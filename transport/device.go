@@ -375,7 +375,7 @@ func (d *Device) DestroyCQ(cq *CQ) error {
 		}
 	}
 	cq.destroyed.Store(true)
-	cq.wake() // a waiter polls again and gets ErrBadCQ
+	close(cq.gone) // every waiter polls again and gets ErrBadCQ
 	return nil
 }
 
