@@ -7,10 +7,10 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/softrdma/softrdma"
 	"github.com/softrdma/softrdma/softrdmatest"
-	"github.com/softrdma/softrdma/transport"
 )
 
 // TestDeallocPD: ibv_dealloc_pd(3) fails with EBUSY while anything of the
@@ -24,7 +24,7 @@ func TestDeallocPD(t *testing.T) {
 	busy := func(pd *softrdma.PD, what string) {
 		t.Helper()
 		err := d.DeallocPD(pd)
-		require.ErrorIs(t, err, transport.ErrBusy, what)
+		require.ErrorIs(t, err, unix.EBUSY, what)
 		require.ErrorContains(t, err, what)
 	}
 	qpAttr := func(cq *softrdma.CQ) softrdma.QPInitAttr {
@@ -93,8 +93,8 @@ func TestDestroyCQ(t *testing.T) {
 	capQP := softrdma.Cap{MaxSendWR: 1, MaxRecvWR: 1, MaxSendSGE: 1, MaxRecvSGE: 1}
 	qp, err := d.CreateQP(p.A.PD, softrdma.QPInitAttr{SendCQ: scq, RecvCQ: rcq, Type: softrdma.QPTypeRC, Cap: capQP})
 	require.NoError(t, err)
-	require.ErrorIs(t, d.DestroyCQ(scq), transport.ErrBusy, "the QP's send CQ")
-	require.ErrorIs(t, d.DestroyCQ(rcq), transport.ErrBusy, "the QP's receive CQ")
+	require.ErrorIs(t, d.DestroyCQ(scq), unix.EBUSY, "the QP's send CQ")
+	require.ErrorIs(t, d.DestroyCQ(rcq), unix.EBUSY, "the QP's receive CQ")
 	require.NoError(t, d.DestroyQP(qp))
 
 	const waiters = 4
@@ -109,15 +109,15 @@ func TestDestroyCQ(t *testing.T) {
 	}
 	require.NoError(t, d.DestroyCQ(rcq))
 	for range waiters {
-		require.ErrorIs(t, <-waited, transport.ErrBadCQ, "every waiter wakes with ErrBadCQ, not at its deadline")
+		require.ErrorIs(t, <-waited, softrdma.ErrBadCQ, "every waiter wakes with ErrBadCQ, not at its deadline")
 	}
 	_, err = rcq.Poll(make([]softrdma.WC, 1))
-	require.ErrorIs(t, err, transport.ErrBadCQ)
+	require.ErrorIs(t, err, softrdma.ErrBadCQ)
 	_, err = d.CreateQP(p.A.PD, softrdma.QPInitAttr{SendCQ: scq, RecvCQ: rcq, Type: softrdma.QPTypeRC, Cap: capQP})
-	require.ErrorIs(t, err, transport.ErrBadAttr)
-	require.ErrorIs(t, d.DestroyCQ(rcq), transport.ErrBadCQ, "destroyed twice")
-	require.ErrorIs(t, d.DestroyCQ(nil), transport.ErrBadCQ)
-	require.ErrorIs(t, d.DestroyCQ(p.B.CQ), transport.ErrBadCQ, "another device's CQ")
+	require.ErrorIs(t, err, softrdma.ErrBadAttr)
+	require.ErrorIs(t, d.DestroyCQ(rcq), softrdma.ErrBadCQ, "destroyed twice")
+	require.ErrorIs(t, d.DestroyCQ(nil), softrdma.ErrBadCQ)
+	require.ErrorIs(t, d.DestroyCQ(p.B.CQ), softrdma.ErrBadCQ, "another device's CQ")
 	require.NoError(t, d.DestroyCQ(scq))
-	require.False(t, errors.Is(d.DestroyCQ(p.A.CQ), transport.ErrBadCQ), "the pair's CQ is in use, not bad")
+	require.False(t, errors.Is(d.DestroyCQ(p.A.CQ), softrdma.ErrBadCQ), "the pair's CQ is in use, not bad")
 }

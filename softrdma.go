@@ -283,9 +283,9 @@ func (d *Device) usePD(pd *PD) (release func(), err error) {
 }
 
 // DeallocPD deallocates pd (ibv_dealloc_pd). Errors: ErrBadPD (nil,
-// another device's PD, or deallocated already); transport.ErrBusy (EBUSY,
-// as ibv_dealloc_pd(3)) while an MR, a memory window, a QP or an address
-// handle of pd exists. Afterwards every call given pd returns ErrBadPD.
+// another device's PD, or deallocated already); EBUSY (errors.Is with
+// unix.EBUSY, as ibv_dealloc_pd(3)) while an MR, a memory window, a QP or
+// an address handle of pd exists. Afterwards every call given pd returns ErrBadPD.
 func (d *Device) DeallocPD(pd *PD) error {
 	if pd == nil || pd.dev != d {
 		return ErrBadPD
@@ -436,10 +436,10 @@ func (d *Device) CreateGSIQP(pd *PD, init QPInitAttr) (*QP, error) {
 const GSIQKey = mad.GSIQKey
 
 // DestroyCQ destroys a completion queue (ibv_destroy_cq); Poll and Wait
-// then return an error wrapping transport.ErrBadCQ, and CreateQP refuses
-// it. Errors: transport.ErrBadCQ (nil, another device's CQ, destroyed
-// already); transport.ErrBusy (EBUSY, as ibv_destroy_cq(3)) while a QP
-// uses it: destroy the QP first.
+// then return ErrBadCQ, and CreateQP refuses it. Errors: ErrBadCQ (nil,
+// another device's CQ, destroyed already); EBUSY (errors.Is with
+// unix.EBUSY, as ibv_destroy_cq(3)) while a QP uses it: destroy the QP
+// first.
 func (d *Device) DestroyCQ(cq *CQ) error {
 	if err := d.t.DestroyCQ(cq); err != nil {
 		return fmt.Errorf("softrdma: %w", err)

@@ -150,6 +150,9 @@ var (
 	// ErrBadQP: DestroyQP or Connect of a nil QP, DestroyQP of a QP
 	// destroyed already or of another device (EINVAL).
 	ErrBadQP = transport.ErrBadQP
+	// ErrBadCQ: DestroyCQ of a nil CQ, one destroyed already or of another
+	// device; Poll and Wait of a destroyed CQ (EINVAL).
+	ErrBadCQ = transport.ErrBadCQ
 	// ErrClosed: a call on a device after its Close (a post, a
 	// registration, a CQ).
 	ErrClosed = transport.ErrClosed

@@ -3,6 +3,7 @@ package transport
 import (
 	"errors"
 	"fmt"
+	"syscall"
 
 	"github.com/softrdma/softrdma/placement"
 	"github.com/softrdma/softrdma/transport/wire"
@@ -282,7 +283,7 @@ var (
 	ErrClosed        = errors.New("device closed")
 	ErrAtomicAlign   = errors.New("atomic remote address is not 8-byte aligned")
 	ErrAtomicLength  = errors.New("atomic needs one 8-byte local SGE")
-	ErrBusy          = errors.New("resource in use (EBUSY)")
+	ErrBusy          = fmt.Errorf("resource in use: %w", syscall.EBUSY)
 	ErrBadQP         = errors.New("QP missing, destroyed or of another device")
 	ErrBadCQ         = errors.New("CQ missing, destroyed or of another device")
 )

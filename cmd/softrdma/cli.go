@@ -121,14 +121,11 @@ func (c *toolCmd) options(test perf.Test) (*perf.Options, error) {
 		}
 	}
 	// Output paths that cannot be created are command-line errors too,
-	// found before the server waits for its client (checked without
-	// touching an existing file). --out is the server's; the client's is
-	// refused later with its own message.
-	outs := []struct{ flag, path string }{{"--pcap", c.Pcap}}
-	if c.Server == "" {
-		outs = append(outs, struct{ flag, path string }{"--out", c.Out})
-	}
-	for _, o := range outs {
+	// found before the server waits for its client or the client connects
+	// (checked without touching an existing file). --out belongs to the
+	// receiving side (write-bw's and send-bw's server, read-bw's client);
+	// on the other side it is refused later with its own message.
+	for _, o := range []struct{ flag, path string }{{"--pcap", c.Pcap}, {"--out", c.Out}} {
 		if o.path == "" {
 			continue
 		}

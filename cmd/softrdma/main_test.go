@@ -125,6 +125,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"write-bw", "--out", "/nonexistent/d/x"}, "--out: cannot create /nonexistent/d/x: no such file or directory"},
 		{[]string{"write-bw", "--out", "/tmp"}, "--out: /tmp is a directory"},
 		{[]string{"write-bw", "--pcap", "/nonexistent/d/x.pcap", "h"}, "--pcap: cannot create /nonexistent/d/x.pcap: no such file or directory"},
+		{[]string{"read-bw", "--out", "/nonexistent/d/x", "h"}, "--out: cannot create /nonexistent/d/x: no such file or directory"},
 		{[]string{"read-lat", "--file", "main.go", "127.0.0.1"}, "--file and --out are for the BW tools"},
 		{[]string{"demo", "--impair", "loss=5"}, "not a probability"},
 		{[]string{"demo", "-s", "0"}, "at least 1 byte"},
