@@ -100,12 +100,6 @@ type suspendState struct {
 
 	// The hold queue, owned by the receive loop.
 	q []heldPkt
-	// queued is len(q), stored by the receive loop after every change, so
-	// that Resume wakes a blocked receive loop only when packets wait in
-	// the queue (Resume stores replay, then loads queued; the loop stores
-	// queued, then loads replay at the end of its batch: one of the two
-	// sees the other).
-	queued atomic.Int32
 	slots  [][]byte
 	free   []int
 	// holdThis is set by the responder or completer when placement said
@@ -215,9 +209,7 @@ func (d *Device) Resume(s *Suspension) (SuspendReport, error) {
 		err = d.place.ResumeMR(s.MR)
 	}
 	d.susp.replay.Store(true)
-	if d.susp.queued.Load() != 0 {
-		d.conn.Wake() // the loop may be blocked with packets to replay
-	}
+	d.conn.Wake() // the loop may be blocked with packets to replay
 	now := d.susp.counters()
 	rep := SuspendReport{Duration: time.Since(s.start), SuspendCounters: SuspendCounters{
 		Held: now.Held - s.base.Held, NAKed: now.NAKed - s.base.NAKed,
@@ -319,7 +311,6 @@ func (d *Device) hold(qp *QP, pkt *conn.Packet, p *wire.Packet) {
 		n = copy(s.slots[i], pkt.Buf)
 	}
 	s.q = append(s.q, heldPkt{slot: i, n: n, addr: pkt.Addr, ip: pkt.IP, qpn: qp.qpn})
-	s.queued.Store(int32(len(s.q)))
 	qp.held++
 	s.held.Add(1)
 	qp.countDelayed(p)
@@ -334,7 +325,6 @@ func (d *Device) replayHeld(p *wire.Packet) {
 	}
 	q := s.q
 	s.q = nil
-	s.queued.Store(0) // hold stores it again for each packet held again
 	for _, h := range q {
 		if qp := d.QP(h.qpn); qp != nil {
 			qp.held = 0
