@@ -505,8 +505,8 @@ func (d *Device) rxLoop() {
 		}
 		if d.susp.replay.Swap(false) {
 			// A suspension ended during the batch: replay now rather
-			// than after the next Receive, which may block (Resume
-			// wakes the loop only if it saw packets queued).
+			// than after the next Receive (Resume's wake-up makes
+			// that one return at once, with nothing to replay).
 			d.replayHeld(&p)
 		}
 		// Quiescent state: nothing found in the STag table during the

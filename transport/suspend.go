@@ -99,9 +99,9 @@ type suspendState struct {
 	pausedQPs []*QP
 
 	// The hold queue, owned by the receive loop.
-	q []heldPkt
-	slots  [][]byte
-	free   []int
+	q     []heldPkt
+	slots [][]byte
+	free  []int
 	// holdThis is set by the responder or completer when placement said
 	// Suspended: handle then holds the packet (receive loop only).
 	holdThis bool
