@@ -503,12 +503,6 @@ func (d *Device) rxLoop() {
 			// period waits for this packet, not for the whole batch.
 			d.reader.QuiesceIfWaited()
 		}
-		if d.susp.replay.Swap(false) {
-			// A suspension ended during the batch: replay now rather
-			// than after the next Receive (Resume's wake-up makes
-			// that one return at once, with nothing to replay).
-			d.replayHeld(&p)
-		}
 		// Quiescent state: nothing found in the STag table during the
 		// batch is used any more (the packets to send were copied into
 		// the batch's slab), and the gates are not checked again until
