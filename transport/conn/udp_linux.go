@@ -692,13 +692,19 @@ func (c *UDPConn) sendmmsg(fd uintptr) bool {
 	}
 }
 
-// Receive implements Conn.
+// wakeHook, when set by a test, runs between Wake's two steps.
+var wakeHook func()
+
 // Wake implements Conn.
 func (c *UDPConn) Wake() {
 	c.woken.Store(true)
+	if wakeHook != nil {
+		wakeHook()
+	}
 	c.pc.SetReadDeadline(time.Now())
 }
 
+// Receive implements Conn.
 func (c *UDPConn) Receive(pkts []Packet) (int, error) {
 	if len(pkts) == 0 {
 		return 0, nil
@@ -718,7 +724,14 @@ func (c *UDPConn) Receive(pkts []Packet) (int, error) {
 		c.beforeRead()
 		if err := c.read(len(pkts)); err != nil {
 			if errors.Is(err, os.ErrDeadlineExceeded) {
-				continue // a delayed packet is due, or Wake
+				// A delayed packet is due, or Wake. The deadline that
+				// fired may be one whose flag an earlier Receive already
+				// consumed (Wake stores the flag, then moves the
+				// deadline; a busy Receive can come in between): read
+				// sets the deadline it wants again before it reads, or
+				// every read would fail on the stale one at once.
+				c.deadline = true
+				continue
 			}
 			return 0, err
 		}
