@@ -20,7 +20,7 @@ func TestBenchScopes(t *testing.T) {
 	code, out, errOut := runCLI(t, append(short, "--scope", "mr,device", "--csv", csvPath, "--plot", svgPath)...)
 	require.Equal(t, exitOK, code, "stderr: %s", errOut)
 	require.Contains(t, out, "scope experiment (loopback): 8 QPs over 4 MRs in 2 PDs")
-	require.Contains(t, out, "targets (issue 4), mr scope, hold")
+	require.Contains(t, out, "targets, mr scope, hold: untouched QPs ")
 	f, err := os.Open(csvPath)
 	require.NoError(t, err)
 	defer f.Close()
