@@ -566,9 +566,16 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 			}
 			target.Store(n)
 			close(known)
-		} else {
+		} else if !s.draining() {
 			cancel() // the peer failed: stop waiting for it
 		}
+		// A peer that failed while this side drains its -D run (its
+		// duration over, work requests outstanding) most likely failed
+		// the same way at about the same time (a dead path bounds both
+		// sides alike): this side's own bound ends its run within
+		// drainLimit, and its own failure is the one reported, the
+		// peer's mentioned after it, whichever side's bound expired
+		// first.
 		peerc <- peerMsg{r, err}
 	}()
 	targetFn := func() (int64, bool) {
@@ -593,10 +600,14 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 		return mine, peer, fmt.Errorf("-D %v: the peer sent no result within %v after this side's run ended "+
 			"(its host or the path may be down while the TCP connection stays open)", s.p.Duration, drainLimit(s.p.Duration))
 	}
+	ownErr := runErr != nil && !errors.Is(runErr, context.Canceled)
 	switch {
+	case ownErr && (pm.err != nil || pm.r.Err != ""):
+		// Both sides failed: this side's failure first, then the peer's.
+		return mine, peer, fmt.Errorf("%w; the peer: %s", runErr, peerFailure(pm))
 	case pm.err != nil:
 		return mine, peer, pm.err
-	case pm.r.Err != "" && (runErr == nil || errors.Is(runErr, context.Canceled)):
+	case pm.r.Err != "" && !ownErr:
 		return mine, peer, &exchange.PeerError{Reason: pm.r.Err}
 	case runErr != nil:
 		return mine, peer, runErr
@@ -625,6 +636,19 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 		return mine, peer, &exchange.PeerError{Reason: pv.Err}
 	}
 	return mine, peer, nil
+}
+
+// peerFailure is why the peer failed, from its result or from the error
+// of reading it.
+func peerFailure(pm peerMsg) string {
+	var pe *exchange.PeerError
+	switch {
+	case pm.r.Err != "":
+		return pm.r.Err
+	case errors.As(pm.err, &pe):
+		return pe.Reason
+	}
+	return pm.err.Error()
 }
 
 // runSide runs this side's part of one round.

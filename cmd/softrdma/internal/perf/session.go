@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"strings"
+	"sync/atomic"
 
 	"github.com/softrdma/softrdma"
 	"github.com/softrdma/softrdma/cmd/softrdma/internal/cmchan"
@@ -77,6 +78,10 @@ type session struct {
 	psns    []uint32
 	remote  []exchange.QPInfo
 	nrounds int // rounds run so far
+	// boundEnd is when the bounded context of this side's run (-D)
+	// expires, in Unix nanoseconds; 0 when none is running. Read by the
+	// goroutine that waits for the peer's result (round).
+	boundEnd atomic.Int64
 }
 
 // ringSlots is the number of message slots of a --verify or --file ring
