@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -51,6 +52,10 @@ func (c *pingCmd) run(ctx context.Context, stdout, stderr io.Writer) int {
 func (c *pingCmd) runAs(ctx context.Context, stdout, stderr io.Writer, name string, typ softrdma.QPType) int {
 	if c.IBPort != 1 {
 		fmt.Fprintf(stderr, "softrdma: %s: -i %d: the device has port 1 only\n", name, c.IBPort)
+		return exitUsage
+	}
+	if err := cmp.Or(checkTimeout("--connect-timeout", c.ConnectTimeout), checkPcap(c.Pcap)); err != nil {
+		fmt.Fprintf(stderr, "softrdma: %s: %v\n", name, err)
 		return exitUsage
 	}
 	logf := func(format string, args ...any) { fmt.Fprintf(stderr, format+"\n", args...) }

@@ -97,6 +97,9 @@ func Run(ctx context.Context, o *Options) (*Result, error) {
 	}
 	defer s.close()
 	err := s.openFiles()
+	if err == nil && !s.server {
+		err = s.checkMaxMem()
+	}
 	if err == nil {
 		switch {
 		case o.RDMACM && s.server:
@@ -509,6 +512,12 @@ func (s *session) run(ctx context.Context) error {
 		if s.fileSize >= 0 {
 			fileRes = [2]roundResult{mine, peer}
 		}
+		if s.p.Duration > 0 && iterations(&mine) == 0 && iterations(&peer) == 0 {
+			if text {
+				fmt.Fprintln(w, report.Line)
+			}
+			return fmt.Errorf("-D %v: no iteration of %d bytes completed in that time", s.p.Duration, size)
+		}
 	}
 	if text {
 		fmt.Fprintln(w, report.Line)
@@ -636,6 +645,17 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 		return mine, peer, &exchange.PeerError{Reason: pv.Err}
 	}
 	return mine, peer, nil
+}
+
+// iterations is the number of messages a round's result reports.
+func iterations(r *roundResult) int64 {
+	switch {
+	case r.BW != nil:
+		return r.BW.Iterations
+	case r.Lat != nil:
+		return r.Lat.Iterations
+	}
+	return 0
 }
 
 // peerFailure is why the peer failed, from its result or from the error

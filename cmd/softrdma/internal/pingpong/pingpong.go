@@ -39,6 +39,8 @@ const (
 	DefaultIters   = 1000
 	DefaultMTU     = 1024
 	DefaultRxDepth = 500
+	// MaxSize is the largest -s: an IBTA message is at most 2^31 bytes.
+	MaxSize = 1 << 31
 )
 
 // The QP attributes pp_connect_ctx sets.
@@ -130,8 +132,8 @@ func (o *Options) Validate() error {
 	if o.Port < 0 || o.Port > 65535 {
 		return usagef("-p %d: not a TCP port", o.Port)
 	}
-	if o.Size < 0 {
-		return usagef("-s %d: negative size", o.Size)
+	if o.Size < 0 || o.Size > MaxSize {
+		return usagef("-s %d: must be 0 to 2^31 bytes", o.Size)
 	}
 	if o.Iters < 1 {
 		return usagef("-n %d: need at least one exchange", o.Iters)
