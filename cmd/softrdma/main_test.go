@@ -196,6 +196,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"read-bw", "--connect-timeout", "100000h", "h"}, "--connect-timeout 100000h0m0s: at most 24h0m0s"},
 		{[]string{"rc-pingpong", "--connect-timeout=-1s", "h"}, "rc-pingpong: --connect-timeout -1s: must not be negative"},
 		{[]string{"ud-pingpong", "--connect-timeout=-1s", "h"}, "ud-pingpong: --connect-timeout -1s: must not be negative"},
+		{[]string{"uc-pingpong", "--idle-timeout=-1s"}, "uc-pingpong: --idle-timeout -1s: must not be negative"},
 		{[]string{"rping", "-c", "-a", "127.0.0.1", "--connect-timeout=-1s"}, "rping: --connect-timeout -1s: must not be negative"},
 		{[]string{"rping", "-s", "--timeout", "100000h"}, "rping: --timeout 100000h0m0s: at most 24h0m0s"},
 		{[]string{"demo", "--timeout", "100000h"}, "--timeout 100000h0m0s: at most 24h0m0s (bad command line)"},
