@@ -180,7 +180,7 @@ func (d *Device) ReregMR(mr *MR, flags ReregFlags, pd *PD, buf []byte, access Ac
 	if flags&ReregChangePD != 0 {
 		release, err := d.usePD(pd)
 		if err != nil {
-			return &ReregError{Code: ReregErrInput, Err: err}
+			return fmt.Errorf("softrdma: %w", &ReregError{Code: ReregErrInput, Err: err})
 		}
 		defer release()
 		pdID = pd.id
@@ -189,7 +189,7 @@ func (d *Device) ReregMR(mr *MR, flags ReregFlags, pd *PD, buf []byte, access Ac
 	d.remapMu.Lock()
 	defer d.remapMu.Unlock()
 	if err := d.place.ReregMR(mr, flags, pdID, buf, access); err != nil {
-		return err
+		return fmt.Errorf("softrdma: %w", err)
 	}
 	return nil
 }

@@ -360,7 +360,11 @@ func TestReregMREndToEnd(t *testing.T) {
 	require.ErrorAs(t, err, &re)
 	require.Equal(t, softrdma.ReregErrInput, re.Code)
 	require.ErrorIs(t, err, softrdma.ErrBadPD)
-	require.ErrorIs(t, p.B.Dev.ReregMR(mr, 0, nil, nil, 0), unix.EINVAL)
+	// One prefix, not "placement: rereg MR: softrdma: nil PD…".
+	require.EqualError(t, err, "softrdma: rereg MR: nil PD, a PD of another device, or a deallocated PD (the MR is unchanged)")
+	err = p.B.Dev.ReregMR(mr, 0, nil, nil, 0)
+	require.ErrorIs(t, err, unix.EINVAL)
+	require.EqualError(t, err, "softrdma: rereg MR: flags 0x0: invalid argument (the MR is unchanged)")
 }
 
 // TestWriteAcrossInvalidation: RDMA WRITEs stream into an FRWR MR while

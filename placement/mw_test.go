@@ -444,6 +444,7 @@ func TestRereg(t *testing.T) {
 	require.ErrorAs(t, err, &re)
 	require.Equal(t, placement.ReregErrInput, re.Code)
 	require.ErrorIs(t, err, placement.ErrMWBound)
+	require.EqualError(t, err, "rereg MR: memory windows are bound to the MR: device or resource busy (the MR is unchanged)")
 	require.Equal(t, k, mr.RKey())
 	require.NoError(t, e.DeallocMW(w))
 	require.NoError(t, e.DeregMR(frwr))

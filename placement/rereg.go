@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"unsafe"
 
 	hdrhistogram "github.com/HdrHistogram/hdrhistogram-go"
@@ -56,7 +57,13 @@ func (e *ReregError) Error() string {
 	if e.Code == ReregErrCmd {
 		what = "the MR must be deregistered"
 	}
-	return fmt.Sprintf("placement: rereg MR: %v (%s)", e.Err, what)
+	// One prefix: the reason's own package prefixes (ErrBadPD's
+	// "softrdma: ", ErrMWBound's "placement: ") would repeat it.
+	reason := e.Err.Error()
+	for _, p := range []string{"softrdma: ", "placement: "} {
+		reason = strings.TrimPrefix(reason, p)
+	}
+	return fmt.Sprintf("rereg MR: %s (%s)", reason, what)
 }
 
 func (e *ReregError) Unwrap() error { return e.Err }

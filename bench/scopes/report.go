@@ -24,7 +24,7 @@ import (
 )
 
 // WriteTable prints the results as a text table, one row per scope ×
-// policy, after a line describing the set-up, and the item-7 targets
+// policy, after a line describing the set-up, and the targets
 // against the mr-scope rows.
 func WriteTable(w io.Writer, cfg Config, rs []Result) error {
 	cfg = cfg.WithDefaults()
@@ -75,7 +75,7 @@ func WriteTable(w io.Writer, cfg Config, rs []Result) error {
 			}
 			return "NOT met"
 		}
-		fmt.Fprintf(w, "targets (issue 4), mr scope, %s: untouched QPs %.3f× (target ≥ %.2f×: %s); critical section minus dirty copy p50 %.1f µs, p99 %.1f µs (target ≤ %d µs: p50 %s, p99 %s)\n",
+		fmt.Fprintf(w, "targets, mr scope, %s: untouched QPs %.3f× (target ≥ %.2f×: %s); critical section minus dirty copy p50 %.1f µs, p99 %.1f µs (target ≤ %d µs: p50 %s, p99 %s)\n",
 			r.Policy, float64(r.Untouched), TargetUntouchedRatio, untouchedVerdict(r.Untouched),
 			r.OverheadP50Us, r.OverheadP99Us, TargetOverheadUs,
 			verdict(r.OverheadP50Us <= TargetOverheadUs), verdict(r.OverheadP99Us <= TargetOverheadUs))

@@ -945,7 +945,8 @@ func pct(v []float64, p float64) float64 {
 	return s[max(0, min(k, len(s)-1))]
 }
 
-// Targets are issue 4's item-7 performance targets.
+// Targets are the experiment's performance targets (docs/scopes.md, "The
+// remap targets"), which the table reports as met or not.
 const (
 	TargetUntouchedRatio = 0.95 // at mr scope, QPs that do not touch the remapped MR
 	TargetOverheadUs     = 20   // critical section minus the copy of the dirty pages

@@ -86,7 +86,7 @@ func TestRun(t *testing.T) {
 	var tab bytes.Buffer
 	require.NoError(t, scopes.WriteTable(&tab, cfg, rs))
 	t.Logf("\n%s", tab.String())
-	require.Contains(t, tab.String(), "targets (issue 4), mr scope, hold")
+	require.Contains(t, tab.String(), "targets, mr scope, hold: untouched QPs ")
 
 	var js bytes.Buffer
 	require.NoError(t, scopes.WriteJSON(&js, rs))

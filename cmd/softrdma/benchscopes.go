@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/softrdma/softrdma"
 	"github.com/softrdma/softrdma/bench/scopes"
 )
@@ -128,7 +130,7 @@ func (c *benchScopesCmd) run(ctx context.Context, stdout, stderr io.Writer) int 
 		}
 		if err := checkWritable(f.path); err != nil {
 			fmt.Fprintf(stderr, "softrdma: bench scopes: %s: %v\n", f.flag, err)
-			return exitFail
+			return exitUsage
 		}
 	}
 	cfg.Logf = func(format string, args ...any) { fmt.Fprintf(stderr, format+"\n", args...) }
@@ -178,24 +180,73 @@ func (c *benchScopesCmd) run(ctx context.Context, stdout, stderr io.Writer) int 
 	return exitOK
 }
 
-// checkWritable reports whether path can be created or replaced, without
-// touching it: not a directory, and a scratch file can be made next to
-// it.
+// checkWritable reports whether path can be created or replaced (as the
+// output files are, by os.Create) without changing it, and if not, why,
+// naming path: a directory or a file of the kernel's procfs or sysfs
+// cannot; an existing file must open for writing and take a write of no
+// bytes; a new one must be creatable in its directory (a scratch file is
+// made there and removed).
 func checkWritable(path string) error {
-	if st, err := os.Stat(path); err == nil && st.IsDir() {
+	st, err := os.Stat(path)
+	switch {
+	case err == nil && st.IsDir():
 		return fmt.Errorf("%s is a directory", path)
-	}
-	f, err := os.CreateTemp(filepath.Dir(path), ".softrdma-check-*")
-	if err != nil {
-		// Name the user's path, not the scratch file's.
-		var pe *fs.PathError
-		if errors.As(err, &pe) {
-			err = pe.Err
+	case err == nil:
+		if kfs := kernelFS(path); kfs != "" {
+			return fmt.Errorf("%s is a file of the kernel's %s, not one that keeps what is written to it", path, kfs)
 		}
-		return fmt.Errorf("cannot create %s: %w", path, err)
+		// O_NONBLOCK: a FIFO without a reader fails instead of blocking.
+		f, err := os.OpenFile(path, os.O_WRONLY|unix.O_NONBLOCK, 0)
+		if err != nil {
+			return fmt.Errorf("cannot write to %s: %w", path, pathErrno(err))
+		}
+		defer f.Close()
+		if st.Mode().IsRegular() {
+			if _, err := f.Write(nil); err != nil {
+				return fmt.Errorf("cannot write to %s: %w", path, pathErrno(err))
+			}
+		}
+		return nil
+	case !errors.Is(err, fs.ErrNotExist):
+		return fmt.Errorf("cannot use %s: %w", path, pathErrno(err))
+	}
+	dir := filepath.Dir(path)
+	if kfs := kernelFS(dir); kfs != "" {
+		return fmt.Errorf("cannot create %s: %s is in the kernel's %s, where no file can be created", path, dir, kfs)
+	}
+	f, err := os.CreateTemp(dir, ".softrdma-check-*")
+	if err != nil {
+		return fmt.Errorf("cannot create %s: %w", path, pathErrno(err))
 	}
 	f.Close()
 	return os.Remove(f.Name())
+}
+
+// pathErrno is the reason of a *fs.PathError without its operation and
+// path, so that a message names the user's path (and not a scratch
+// file's) once.
+func pathErrno(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
+}
+
+// kernelFS names the kernel's pseudo file system path is on ("procfs",
+// "sysfs"), or returns "" for any other.
+func kernelFS(path string) string {
+	var st unix.Statfs_t
+	if unix.Statfs(path, &st) != nil {
+		return ""
+	}
+	switch st.Type {
+	case unix.PROC_SUPER_MAGIC:
+		return "procfs"
+	case unix.SYSFS_MAGIC:
+		return "sysfs"
+	}
+	return ""
 }
 
 // writeFile creates path and writes it with f.

@@ -37,7 +37,7 @@ type toolCmd struct {
 
 	Size        msgSize  `short:"s" help:"Message size in bytes (K, M suffixes: KiB, MiB). Default: 65536 (BW), 2 (lat), 8 (atomic)."`
 	Iters       count    `short:"n" help:"Iterations per QP. Default: 5000 (BW), 1000 (lat)."`
-	Duration    seconds  `short:"D" help:"Run for this many seconds (or a Go duration like 500ms) instead of -n."`
+	Duration    seconds  `short:"D" help:"Run for this many seconds (or a Go duration like 500ms) instead of -n: 100ms to 24h (shorter may complete nothing)."`
 	All         bool     `short:"a" help:"Run sizes 2 to 2^23 bytes."`
 	MTU         mtuFlag  `short:"m" name:"mtu" placeholder:"MTU" help:"Path MTU: 256, 512, 1024, 2048 or 4096, at most the port's active MTU (larger: the active MTU, with a notice). Default: the port's active MTU, the link's MTU less the RoCEv2 headers (1500: 1024; 9000: 4096). The two sides use the smaller of theirs."`
 	TxDepth     count    `short:"t" name:"tx-depth" help:"Outstanding send WRs per QP. Default: 128 (BW), 1 (lat)."`
@@ -91,10 +91,40 @@ func (c *demoCmd) check() error {
 	if c.Timeout <= 0 {
 		return fmt.Errorf("--timeout %v: must be positive (%w)", c.Timeout, perf.ErrUsage)
 	}
-	if c.Pcap != "" {
-		if err := checkWritable(c.Pcap); err != nil {
-			return fmt.Errorf("--pcap: %w (%w)", err, perf.ErrUsage)
-		}
+	if err := checkTimeout("--timeout", c.Timeout); err != nil {
+		return fmt.Errorf("%w (%w)", err, perf.ErrUsage)
+	}
+	if err := checkPcap(c.Pcap); err != nil {
+		return fmt.Errorf("%w (%w)", err, perf.ErrUsage)
+	}
+	return nil
+}
+
+// maxTimeout is the longest --timeout or --connect-timeout: a longer one
+// is a typo (100000h) rather than a plan, as a -D over perf.MaxDuration.
+const maxTimeout = 24 * time.Hour
+
+// checkTimeout refuses a negative --timeout or --connect-timeout of flag
+// (0 is the default) or one over maxTimeout: a bad command line.
+func checkTimeout(flag string, d time.Duration) error {
+	switch {
+	case d < 0:
+		return fmt.Errorf("%s %v: must not be negative", flag, d)
+	case d > maxTimeout:
+		return fmt.Errorf("%s %v: at most %v", flag, d, maxTimeout)
+	}
+	return nil
+}
+
+// checkPcap refuses a --pcap that cannot be written (checkWritable), for
+// every tool before it opens a device, waits for a peer or connects: a
+// bad command line (exit 2). An empty path (no --pcap) passes.
+func checkPcap(path string) error {
+	if path == "" {
+		return nil
+	}
+	if err := checkWritable(path); err != nil {
+		return fmt.Errorf("--pcap: %w", err)
 	}
 	return nil
 }
@@ -102,7 +132,10 @@ func (c *demoCmd) check() error {
 // options converts the flags of test into runner options.
 func (c *toolCmd) options(test perf.Test) (*perf.Options, error) {
 	if c.Inline < -1 {
-		return nil, fmt.Errorf("--inline_size %d: must be 0 or more", c.Inline)
+		return nil, fmt.Errorf("--inline_size %d (-I): must be 0 to 1024", c.Inline)
+	}
+	if err := checkTimeout("--connect-timeout", c.ConnectTimeout); err != nil {
+		return nil, err
 	}
 	if c.Port < 1 || c.Port > 65535 {
 		return nil, fmt.Errorf("-p %d: the port must be 1 to 65535", c.Port)

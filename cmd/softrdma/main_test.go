@@ -57,6 +57,30 @@ func TestHelp(t *testing.T) {
 	}
 }
 
+// TestToolHelpNamesWhatItMeasures: each perftest-style tool's --help
+// opens with its own line, naming what it measures and the perftest tool
+// it stands for.
+func TestToolHelpNamesWhatItMeasures(t *testing.T) {
+	seen := map[string]string{}
+	for tool, want := range map[string]string{
+		"write-bw":  "RDMA WRITE bandwidth (ib_write_bw).",
+		"write-lat": "RDMA WRITE latency, ping-pong polling memory (ib_write_lat).",
+		"read-bw":   "RDMA READ bandwidth (ib_read_bw).",
+		"read-lat":  "RDMA READ latency (ib_read_lat).",
+		"send-bw":   "SEND/RECV bandwidth (ib_send_bw).",
+		"send-lat":  "SEND/RECV latency, ping-pong (ib_send_lat).",
+		"atomic-bw": "Atomic FETCH_AND_ADD or CMP_AND_SWAP bandwidth (ib_atomic_bw).",
+	} {
+		code, out, _ := runCLI(t, tool, "--help")
+		require.Equal(t, exitOK, code, tool)
+		assert.Contains(t, out, "Usage: softrdma "+tool+" [<server>] [flags]\n\n"+want+"\n", tool)
+		for other, o := range seen {
+			assert.NotEqual(t, o, out, "%s and %s print the same help", tool, other)
+		}
+		seen[tool] = out
+	}
+}
+
 func TestFlagsMapToParams(t *testing.T) {
 	c, cmd, err := parse(t, "write-bw", "-s", "64K", "-n", "100", "-D", "2", "-a", "-m", "1024", "-t", "64",
 		"-r", "256", "-Q", "10", "-q", "1", "-p", "5000", "-I", "100", "--report_gbits", "--json", "--verify",
@@ -109,9 +133,9 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"write-bw", "-D", "soon"}, "not a number of seconds"},
 		{[]string{"atomic-bw", "-A", "SWAP"}, "must be one of"},
 		{[]string{"write-bw", "-A", "CMP_AND_SWAP", "h"}, "--atomic_type is for atomic-bw"},
-		{[]string{"write-bw", "-n", "2", "h"}, "iterations 2"},
+		{[]string{"write-bw", "-n", "2", "h"}, "--iters 2 (-n)"},
 		{[]string{"write-lat", "-q", "2", "h"}, "one QP"},
-		{[]string{"write-bw", "-m", "1500", "h"}, "MTU 1500"},
+		{[]string{"write-bw", "-m", "1500", "h"}, "--mtu 1500 (-m)"},
 		{[]string{"write-bw", "a", "b"}, "unexpected argument"},
 		{[]string{"write-bw", "--file", "/does/not/exist", "h"}, "does/not/exist"},
 		{[]string{"nope"}, "unexpected argument"},
@@ -132,9 +156,9 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"demo", "-s", "3G"}, "-s 3221225472: must be 1 to 2^31 bytes"},
 		{[]string{"demo", "--timeout", "0s"}, "--timeout 0s: must be positive (bad command line)"},
 		{[]string{"demo", "--timeout=-1s"}, "--timeout -1s: must be positive (bad command line)"},
-		{[]string{"write-bw", "-m", "100"}, "MTU 100 (-m)"}, // a server's own flags are checked too
+		{[]string{"write-bw", "-m", "100"}, "--mtu 100 (-m)"}, // a server's own flags are checked too
 		{[]string{"write-bw", "-m", "0", "127.0.0.1"}, "must be 256, 512, 1024, 2048 or 4096"},
-		{[]string{"write-bw", "-n", "4"}, "iterations 4 (-n): must be 5"},
+		{[]string{"write-bw", "-n", "4"}, "--iters 4 (-n): must be 5"},
 		{[]string{"write-bw", "-s", "0", "h"}, "at least 1 byte"},
 		{[]string{"write-bw", "-n", "0", "h"}, "at least 1"},
 		{[]string{"write-bw", "-t", "0", "h"}, "at least 1"},
@@ -145,6 +169,43 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"write-bw", "-D", "0", "h"}, "longer than 0"},
 		{[]string{"write-bw", "-D", "0s", "h"}, "longer than 0"},
 		{[]string{"rping", "-c", "-a", "127.0.0.1", "-p", "0"}, "-p 0: not a port"},
+		// An output path that cannot be written is a bad command line in
+		// every tool (exit 2), found before anything opens or connects,
+		// and the message names the path and the reason.
+		{[]string{"rc-pingpong", "--pcap", "/nonexistent/d/x.pcap"}, "rc-pingpong: --pcap: cannot create /nonexistent/d/x.pcap: no such file or directory"},
+		{[]string{"uc-pingpong", "--pcap", "/nonexistent/d/x.pcap", "h"}, "uc-pingpong: --pcap: cannot create /nonexistent/d/x.pcap"},
+		{[]string{"ud-pingpong", "--pcap", "/nonexistent/d/x.pcap"}, "ud-pingpong: --pcap: cannot create /nonexistent/d/x.pcap"},
+		{[]string{"rping", "-s", "--pcap", "/nonexistent/d/x.pcap"}, "rping: --pcap: cannot create /nonexistent/d/x.pcap"},
+		{[]string{"rc-pingpong", "--pcap", "/tmp"}, "rc-pingpong: --pcap: /tmp is a directory"},
+		{[]string{"write-bw", "--pcap", "/proc/version", "h"}, "--pcap: /proc/version is a file of the kernel's procfs, not one that keeps what is written to it"},
+		{[]string{"rc-pingpong", "--pcap", "/proc/version"}, "rc-pingpong: --pcap: /proc/version is a file of the kernel's procfs"},
+		{[]string{"rping", "-s", "--pcap", "/proc/version"}, "rping: --pcap: /proc/version is a file of the kernel's procfs"},
+		{[]string{"demo", "--pcap", "/proc/version"}, "--pcap: /proc/version is a file of the kernel's procfs"},
+		{[]string{"write-bw", "--out", "/proc/x"}, "--out: cannot create /proc/x: /proc is in the kernel's procfs, where no file can be created"},
+		{[]string{"rc-pingpong", "-s", "bad"}, `--size: expected a valid 64 bit int but got "bad"`},
+		{[]string{"rc-pingpong", "-s", "4294967296"}, "-s 4294967296: must be 0 to 2^31 bytes"},
+		// Validation errors name the flag and the value.
+		{[]string{"write-bw", "-u", "40", "h"}, "--qp-timeout 40 (-u): must be 1 to 31"},
+		{[]string{"write-bw", "-I", "2000", "h"}, "--inline_size 2000 (-I): must be 0 to 1024"},
+		// -D: at least 100 ms (a run that short may complete nothing),
+		// at most a day; timeouts not negative, at most a day.
+		{[]string{"write-bw", "-D", "1ns", "h"}, "--duration 1ns (-D): must be 100ms to 24h0m0s"},
+		{[]string{"write-lat", "-D", "100000h", "h"}, "--duration 100000h0m0s (-D): must be 100ms to 24h0m0s"},
+		{[]string{"write-bw", "-D", "99ms"}, "--duration 99ms (-D)"},
+		{[]string{"write-bw", "--connect-timeout=-1s", "h"}, "--connect-timeout -1s: must not be negative"},
+		{[]string{"read-bw", "--connect-timeout", "100000h", "h"}, "--connect-timeout 100000h0m0s: at most 24h0m0s"},
+		{[]string{"rc-pingpong", "--connect-timeout=-1s", "h"}, "rc-pingpong: --connect-timeout -1s: must not be negative"},
+		{[]string{"ud-pingpong", "--connect-timeout=-1s", "h"}, "ud-pingpong: --connect-timeout -1s: must not be negative"},
+		{[]string{"uc-pingpong", "--idle-timeout=-1s"}, "uc-pingpong: --idle-timeout -1s: must not be negative"},
+		{[]string{"rping", "-c", "-a", "127.0.0.1", "--connect-timeout=-1s"}, "rping: --connect-timeout -1s: must not be negative"},
+		{[]string{"rping", "-s", "--timeout", "100000h"}, "rping: --timeout 100000h0m0s: at most 24h0m0s"},
+		{[]string{"demo", "--timeout", "100000h"}, "--timeout 100000h0m0s: at most 24h0m0s (bad command line)"},
+		// A client's --max-mem is checked before it connects (nothing
+		// listens on port 1: a connection attempt would fail, exit 1).
+		{[]string{"write-bw", "--max-mem", "1M", "-s", "64K", "-q", "20", "-p", "1", "127.0.0.1"},
+			"write-bw: buffers of 1310720 bytes (-q 20 × 65536 bytes) are more than --max-mem 1048576 allows here"},
+		{[]string{"write-lat", "--max-mem", "4K", "-s", "4K", "-p", "1", "127.0.0.1"}, "more than --max-mem 4096"},
+		{[]string{"atomic-bw", "--max-mem", "4K", "-t", "1024", "-p", "1", "127.0.0.1"}, "more than --max-mem 4096"},
 	} {
 		code, _, stderr := runCLI(t, tc.args...)
 		assert.Equal(t, exitUsage, code, tc.args)

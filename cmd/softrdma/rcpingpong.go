@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -39,6 +40,7 @@ type pingCmd struct {
 	Pcap           string        `placeholder:"FILE" help:"Record every datagram sent and received in a pcap file."`
 	Stat           bool          `help:"Print the device's non-zero counters at the end."`
 	ConnectTimeout time.Duration `name:"connect-timeout" placeholder:"DURATION" help:"Client: keep retrying a refused connection for this long (default: one attempt, as ibv_rc_pingpong)."`
+	IdleTimeout    time.Duration `name:"idle-timeout" default:"10s" placeholder:"DURATION" help:"Fail when no message completes for this long while exchanges remain: the exchange carries no -n, so a peer given a smaller one stops early, and one that went away says nothing (0: wait for ever, as the rdma-core tools do). At most 24h."`
 	Seed           uint64        `hidden:"" help:"Seed of the --verify pattern (default: random)."`
 }
 
@@ -53,12 +55,17 @@ func (c *pingCmd) runAs(ctx context.Context, stdout, stderr io.Writer, name stri
 		fmt.Fprintf(stderr, "softrdma: %s: -i %d: the device has port 1 only\n", name, c.IBPort)
 		return exitUsage
 	}
+	if err := cmp.Or(checkTimeout("--connect-timeout", c.ConnectTimeout),
+		checkTimeout("--idle-timeout", c.IdleTimeout), checkPcap(c.Pcap)); err != nil {
+		fmt.Fprintf(stderr, "softrdma: %s: %v\n", name, err)
+		return exitUsage
+	}
 	logf := func(format string, args ...any) { fmt.Fprintf(stderr, format+"\n", args...) }
 	err := pingpong.Run(ctx, pingpong.Options{
 		Type: typ, Server: c.Server, Port: c.Port, Size: c.Size, Iters: c.Iters, MTU: c.MTU, RxDepth: c.RxDepth,
 		SL: c.SL, Events: c.Events, GIDIndex: c.GIDIdx, Check: c.Chk, Verify: c.Verify, Seed: c.Seed,
 		ODP:  odpbuf.Options{Explicit: c.ODP && !c.IODP, Implicit: c.IODP, Prefetch: c.Prefetch},
-		Bind: c.Bind, Pcap: c.Pcap, SourcePort: int(c.SourcePort), Stat: c.Stat, ConnectTimeout: c.ConnectTimeout,
+		Bind: c.Bind, Pcap: c.Pcap, SourcePort: int(c.SourcePort), Stat: c.Stat, ConnectTimeout: c.ConnectTimeout, IdleTimeout: c.IdleTimeout,
 		Stdout: stdout, Logf: logf,
 	})
 	return pingExit(err, stderr, name)

@@ -22,11 +22,12 @@ func TestRCPingpongFlags(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "rc-pingpong", cmd)
 	// ibv_rc_pingpong's defaults.
-	assert.Equal(t, pingCmd{Port: 18515, Size: 4096, Iters: 1000, MTU: 1024, RxDepth: 500, GIDIdx: -1, IBPort: 1}, c.Pingpong)
+	assert.Equal(t, pingCmd{Port: 18515, Size: 4096, Iters: 1000, MTU: 1024, RxDepth: 500, GIDIdx: -1, IBPort: 1,
+		IdleTimeout: 10 * time.Second}, c.Pingpong)
 
 	c, _, err = parse(t, "rc-pingpong", "-p", "5000", "-s", "64", "-n", "5", "-m", "4096", "-r", "16", "-l", "3",
 		"-e", "-g", "1", "-c", "-i", "1", "--verify", "--bind", "192.168.77.1", "--pcap", "x.pcap", "--stat",
-		"--connect-timeout", "30s", "192.168.77.10")
+		"--connect-timeout", "30s", "--idle-timeout", "0", "192.168.77.10")
 	require.NoError(t, err)
 	assert.Equal(t, pingCmd{Server: "192.168.77.10", Port: 5000, Size: 64, Iters: 5, MTU: 4096, RxDepth: 16, SL: 3,
 		Events: true, GIDIdx: 1, Chk: true, IBPort: 1, Verify: true, Bind: "192.168.77.1", Pcap: "x.pcap",
@@ -37,7 +38,39 @@ func TestRCPingpongFlags(t *testing.T) {
 		"--events", "--gid-idx=0", "--chk", "--ib-port=1")
 	require.NoError(t, err)
 	assert.Equal(t, pingCmd{Port: 1, Size: 2, Iters: 3, MTU: 512, RxDepth: 4, SL: 5, Events: true, GIDIdx: 0,
-		Chk: true, IBPort: 1}, c.Pingpong)
+		Chk: true, IBPort: 1, IdleTimeout: 10 * time.Second}, c.Pingpong)
+}
+
+// TestRCPingpongItersMismatch: the exchange carries no -n (as
+// ibv_rc_pingpong's), so a side given more exchanges than its peer waits
+// for messages that never come. It fails after --idle-timeout with a
+// message saying so, instead of waiting for ever; the peer with the
+// smaller -n passes.
+func TestRCPingpongItersMismatch(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		srv, cli   string // -n
+		clientMore bool
+	}{
+		{"server more", "20", "10", false},
+		{"client more", "10", "20", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			start := time.Now()
+			r := runPingPair(t, "rc-pingpong", []string{"-g", "1", "-n", tc.srv, "--idle-timeout", "1s"},
+				[]string{"-g", "1", "-n", tc.cli, "--idle-timeout", "1s"})
+			code, errOut, okCode, okOut := r.srvCode, r.srvErr, r.cliCode, r.cliOut
+			if tc.clientMore {
+				code, errOut, okCode, okOut = r.cliCode, r.cliErr, r.srvCode, r.srvOut
+			}
+			assert.Equal(t, exitFail, code)
+			assert.Contains(t, errOut, "rc-pingpong: no completion for 1s (--idle-timeout) after 10 of 20 exchanges (-n 20): "+
+				"the peer stopped or went away (was it given a smaller -n? ibv_rc_pingpong's exchange does not carry it)")
+			assert.Equal(t, exitOK, okCode)
+			assert.Contains(t, okOut, "10 iters in ")
+			assert.Less(t, time.Since(start), 30*time.Second)
+		})
+	}
 }
 
 func TestRCPingpongUsageErrors(t *testing.T) {

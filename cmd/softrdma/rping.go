@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -42,6 +43,11 @@ func (c *rpingCmd) run(ctx context.Context, stdout, stderr io.Writer) int {
 	}
 	if c.Port == 0 { // rping.Options takes 0 for the default
 		fmt.Fprintln(stderr, "softrdma: rping: -p 0: not a port (1 to 65535; default 7174)")
+		return exitUsage
+	}
+	if err := cmp.Or(checkTimeout("--timeout", c.Timeout), checkTimeout("--connect-timeout", c.ConnectTimeout),
+		checkPcap(c.Pcap)); err != nil {
+		fmt.Fprintf(stderr, "softrdma: rping: %v\n", err)
 		return exitUsage
 	}
 	err := rping.Run(ctx, rping.Options{Server: c.Server, Client: c.Client, Addr: c.Addr, Source: c.Source,

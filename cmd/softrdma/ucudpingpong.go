@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -34,6 +35,7 @@ type udPingCmd struct {
 	Pcap           string        `placeholder:"FILE" help:"Record every datagram sent and received in a pcap file."`
 	Stat           bool          `help:"Print the device's non-zero counters at the end."`
 	ConnectTimeout time.Duration `name:"connect-timeout" placeholder:"DURATION" help:"Client: keep retrying a refused connection for this long (default: one attempt, as ibv_ud_pingpong)."`
+	IdleTimeout    time.Duration `name:"idle-timeout" default:"10s" placeholder:"DURATION" help:"Fail when no message completes for this long while exchanges remain: the exchange carries no -n, so a peer given a smaller one stops early, and one that went away says nothing (0: wait for ever, as the rdma-core tools do). At most 24h."`
 	Seed           uint64        `hidden:"" help:"Seed of the --verify pattern (default: random)."`
 }
 
@@ -49,12 +51,17 @@ func (c *udPingCmd) run(ctx context.Context, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "softrdma: %s: -i %d: the device has port 1 only\n", name, c.IBPort)
 		return exitUsage
 	}
+	if err := cmp.Or(checkTimeout("--connect-timeout", c.ConnectTimeout),
+		checkTimeout("--idle-timeout", c.IdleTimeout), checkPcap(c.Pcap)); err != nil {
+		fmt.Fprintf(stderr, "softrdma: %s: %v\n", name, err)
+		return exitUsage
+	}
 	logf := func(format string, args ...any) { fmt.Fprintf(stderr, format+"\n", args...) }
 	err := pingpong.Run(ctx, pingpong.Options{
 		Type: softrdma.QPTypeUD, Server: c.Server, Port: c.Port, Size: c.Size, Iters: c.Iters,
 		MTU: softrdma.MTU4096.Bytes(), RxDepth: c.RxDepth, SL: c.SL, Events: c.Events, GIDIndex: c.GIDIdx,
 		Verify: c.Verify, Seed: c.Seed, Bind: c.Bind, Pcap: c.Pcap, SourcePort: int(c.SourcePort), Stat: c.Stat,
-		ConnectTimeout: c.ConnectTimeout, Stdout: stdout, Logf: logf,
+		ConnectTimeout: c.ConnectTimeout, IdleTimeout: c.IdleTimeout, Stdout: stdout, Logf: logf,
 	})
 	return pingExit(err, stderr, name)
 }

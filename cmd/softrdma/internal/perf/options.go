@@ -135,6 +135,12 @@ const (
 	// DefaultMaxMem is Options.MaxMem's default: 4 GiB of buffers.
 	DefaultMaxMem = 4 << 30
 	MaxCQMod      = 1024
+	// MinDuration and MaxDuration bound -D. perftest's -D counts whole
+	// seconds; softrdma takes Go durations too, but a run shorter than
+	// MinDuration may complete no iteration (and one that does is no
+	// measurement), and one longer than a day is a typo.
+	MinDuration = 100 * time.Millisecond
+	MaxDuration = 24 * time.Hour
 )
 
 // DefServerPort is the server's RoCEv2 UDP port when --bind gives none.
@@ -334,35 +340,37 @@ func (p *Params) Validate(t Test) error {
 	if p.Test != t.String() {
 		return fmt.Errorf("the client runs %s, this side %s", p.Test, t)
 	}
+	// Each message names the flag, long and short, and the value: the
+	// server checks its client's parameters with the same words.
 	switch {
 	case p.QPTimeout < 1 || p.QPTimeout > 31:
-		return fmt.Errorf("qp-timeout %d: must be 1 to 31", p.QPTimeout)
+		return fmt.Errorf("--qp-timeout %d (-u): must be 1 to 31", p.QPTimeout)
 	case p.Size < 1 || p.Size > 1<<31:
-		return fmt.Errorf("size %d (-s): must be 1 to 2^31 bytes", p.Size)
+		return fmt.Errorf("--size %d (-s): must be 1 to 2^31 bytes", p.Size)
 	case t.verb() == verbAtomic && p.Size != 8:
-		return fmt.Errorf("atomic-bw: size must be 8 (got %d)", p.Size)
+		return fmt.Errorf("--size %d (-s): atomic-bw's size must be 8", p.Size)
 	case t.verb() == verbAtomic && p.All:
-		return errors.New("atomic-bw: --all does not apply (atomics are 8 bytes)")
+		return errors.New("--all (-a): does not apply to atomic-bw (atomics are 8 bytes)")
 	case p.Duration == 0 && (p.Iters < MinIters || p.Iters > MaxIters):
-		return fmt.Errorf("iterations %d (-n): must be %d to %d", p.Iters, MinIters, MaxIters)
-	case p.Duration < 0:
-		return fmt.Errorf("duration %v: must be positive", p.Duration)
+		return fmt.Errorf("--iters %d (-n): must be %d to %d", p.Iters, MinIters, MaxIters)
+	case p.Duration != 0 && (p.Duration < MinDuration || p.Duration > MaxDuration):
+		return fmt.Errorf("--duration %v (-D): must be %v to %v", p.Duration, MinDuration, MaxDuration)
 	case p.MTU != 0 && mtuCode(p.MTU) == 0:
-		return fmt.Errorf("MTU %d (-m): must be 256, 512, 1024, 2048 or 4096", p.MTU)
+		return fmt.Errorf("--mtu %d (-m): must be 256, 512, 1024, 2048 or 4096", p.MTU)
 	case p.TxDepth < 1 || p.TxDepth > MaxTx:
-		return fmt.Errorf("tx-depth %d (-t): must be 1 to %d", p.TxDepth, MaxTx)
+		return fmt.Errorf("--tx-depth %d (-t): must be 1 to %d", p.TxDepth, MaxTx)
 	case p.RxDepth < 1 || p.RxDepth > MaxTx:
-		return fmt.Errorf("rx-depth %d (-r): must be 1 to %d", p.RxDepth, MaxTx)
+		return fmt.Errorf("--rx-depth %d (-r): must be 1 to %d", p.RxDepth, MaxTx)
 	case p.CQMod < 1 || p.CQMod > MaxCQMod:
-		return fmt.Errorf("cq-mod %d (-Q): must be 1 to %d", p.CQMod, MaxCQMod)
+		return fmt.Errorf("--cq-mod %d (-Q): must be 1 to %d", p.CQMod, MaxCQMod)
 	case p.QPs < 1 || p.QPs > MaxQPs:
-		return fmt.Errorf("qp %d (-q): must be 1 to %d", p.QPs, MaxQPs)
+		return fmt.Errorf("--qp %d (-q): must be 1 to %d", p.QPs, MaxQPs)
 	case t.IsLat() && p.QPs != 1:
-		return fmt.Errorf("%s: latency tests use one QP (-q 1)", t)
+		return fmt.Errorf("--qp %d (-q): %s is a latency test, which uses one QP", p.QPs, t)
 	case p.Inline < 0 || p.Inline > 1024:
-		return fmt.Errorf("inline %d: must be 0 to 1024", p.Inline)
+		return fmt.Errorf("--inline_size %d (-I): must be 0 to 1024", p.Inline)
 	case p.Atomic != FetchAndAdd && p.Atomic != CmpAndSwap:
-		return fmt.Errorf("atomic type %q: must be %s or %s", p.Atomic, FetchAndAdd, CmpAndSwap)
+		return fmt.Errorf("--atomic_type %q (-A): must be %s or %s", p.Atomic, FetchAndAdd, CmpAndSwap)
 	}
 	if p.QPs != 1 && (p.FileSize >= 0 || p.Verify && (t == WriteBW || t == SendBW)) && !p.perftest {
 		return fmt.Errorf("%s: --file and --verify stream over one QP (-q 1)", t)

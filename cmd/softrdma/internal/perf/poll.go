@@ -146,7 +146,21 @@ func (s *session) bounded(ctx context.Context) (context.Context, context.CancelF
 	if s.p.Duration <= 0 {
 		return ctx, func() {}
 	}
-	return context.WithTimeout(ctx, s.p.Duration+drainLimit(s.p.Duration))
+	d := s.p.Duration + drainLimit(s.p.Duration)
+	s.boundEnd.Store(time.Now().Add(d).UnixNano())
+	bctx, cancel := context.WithTimeout(ctx, d)
+	return bctx, func() {
+		s.boundEnd.Store(0)
+		cancel()
+	}
+}
+
+// draining reports whether this side's run is bounded (-D) and its
+// duration has passed: it is waiting, for at most the rest of drainLimit,
+// for its work requests still outstanding.
+func (s *session) draining() bool {
+	end := s.boundEnd.Load()
+	return end != 0 && time.Now().UnixNano() >= end-int64(drainLimit(s.p.Duration))
 }
 
 // boundErr explains the expiry of a bounded context (not of its parent's

@@ -97,6 +97,9 @@ func Run(ctx context.Context, o *Options) (*Result, error) {
 	}
 	defer s.close()
 	err := s.openFiles()
+	if err == nil && !s.server {
+		err = s.checkMaxMem()
+	}
 	if err == nil {
 		switch {
 		case o.RDMACM && s.server:
@@ -509,6 +512,12 @@ func (s *session) run(ctx context.Context) error {
 		if s.fileSize >= 0 {
 			fileRes = [2]roundResult{mine, peer}
 		}
+		if s.p.Duration > 0 && iterations(&mine) == 0 && iterations(&peer) == 0 {
+			if text {
+				fmt.Fprintln(w, report.Line)
+			}
+			return fmt.Errorf("-D %v: no iteration of %d bytes completed in that time", s.p.Duration, size)
+		}
 	}
 	if text {
 		fmt.Fprintln(w, report.Line)
@@ -566,9 +575,16 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 			}
 			target.Store(n)
 			close(known)
-		} else {
+		} else if !s.draining() {
 			cancel() // the peer failed: stop waiting for it
 		}
+		// A peer that failed while this side drains its -D run (its
+		// duration over, work requests outstanding) most likely failed
+		// the same way at about the same time (a dead path bounds both
+		// sides alike): this side's own bound ends its run within
+		// drainLimit, and its own failure is the one reported, the
+		// peer's mentioned after it, whichever side's bound expired
+		// first.
 		peerc <- peerMsg{r, err}
 	}()
 	targetFn := func() (int64, bool) {
@@ -593,10 +609,14 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 		return mine, peer, fmt.Errorf("-D %v: the peer sent no result within %v after this side's run ended "+
 			"(its host or the path may be down while the TCP connection stays open)", s.p.Duration, drainLimit(s.p.Duration))
 	}
+	ownErr := runErr != nil && !errors.Is(runErr, context.Canceled)
 	switch {
+	case ownErr && (pm.err != nil || pm.r.Err != ""):
+		// Both sides failed: this side's failure first, then the peer's.
+		return mine, peer, fmt.Errorf("%w; the peer: %s", runErr, peerFailure(pm))
 	case pm.err != nil:
 		return mine, peer, pm.err
-	case pm.r.Err != "" && (runErr == nil || errors.Is(runErr, context.Canceled)):
+	case pm.r.Err != "" && !ownErr:
 		return mine, peer, &exchange.PeerError{Reason: pm.r.Err}
 	case runErr != nil:
 		return mine, peer, runErr
@@ -625,6 +645,30 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 		return mine, peer, &exchange.PeerError{Reason: pv.Err}
 	}
 	return mine, peer, nil
+}
+
+// iterations is the number of messages a round's result reports.
+func iterations(r *roundResult) int64 {
+	switch {
+	case r.BW != nil:
+		return r.BW.Iterations
+	case r.Lat != nil:
+		return r.Lat.Iterations
+	}
+	return 0
+}
+
+// peerFailure is why the peer failed, from its result or from the error
+// of reading it.
+func peerFailure(pm peerMsg) string {
+	var pe *exchange.PeerError
+	switch {
+	case pm.r.Err != "":
+		return pm.r.Err
+	case errors.As(pm.err, &pe):
+		return pe.Reason
+	}
+	return pm.err.Error()
 }
 
 // runSide runs this side's part of one round.

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"strings"
+	"sync/atomic"
 
 	"github.com/softrdma/softrdma"
 	"github.com/softrdma/softrdma/cmd/softrdma/internal/cmchan"
@@ -77,6 +78,10 @@ type session struct {
 	psns    []uint32
 	remote  []exchange.QPInfo
 	nrounds int // rounds run so far
+	// boundEnd is when the bounded context of this side's run (-D)
+	// expires, in Unix nanoseconds; 0 when none is running. Read by the
+	// goroutine that waits for the peer's result (round).
+	boundEnd atomic.Int64
 }
 
 // ringSlots is the number of message slots of a --verify or --file ring
@@ -235,13 +240,8 @@ func (s *session) setup() error {
 	}
 	s.region = s.regionSize()
 	s.stride = roundUp(s.region, pageSize)
-	maxMem := s.o.MaxMem
-	if maxMem <= 0 {
-		maxMem = DefaultMaxMem
-	}
-	if total := int64(s.stride) * int64(s.p.QPs); total > maxMem {
-		return fmt.Errorf("buffers of %d bytes (-q %d × %d bytes) are more than --max-mem %d allows here",
-			total, s.p.QPs, s.stride, maxMem)
+	if err := s.fitMaxMem(s.stride, s.p.QPs); err != nil {
+		return err
 	}
 	if s.o.ODP.Enabled() {
 		return s.setupODP(s.stride * s.p.QPs)
@@ -253,6 +253,48 @@ func (s *session) setup() error {
 		return err
 	}
 	s.base = s.mr.Addr()
+	return nil
+}
+
+// fitMaxMem checks qps regions of stride bytes against --max-mem.
+func (s *session) fitMaxMem(stride, qps int) error {
+	maxMem := s.o.MaxMem
+	if maxMem <= 0 {
+		maxMem = DefaultMaxMem
+	}
+	if total := int64(stride) * int64(qps); total > maxMem {
+		return fmt.Errorf("buffers of %d bytes (-q %d × %d bytes) are more than --max-mem %d allows here",
+			total, qps, stride, maxMem)
+	}
+	return nil
+}
+
+// checkMaxMem refuses, before a client connects, the buffers its own
+// parameters need over --max-mem (a usage error): at least the largest
+// message per QP (with -a, 2^23 bytes), two message slots for write-lat
+// and send-lat, a fetch slot per outstanding atomic, whatever exchange
+// the server answers with. setup checks the exact size once connected
+// (a stream's ring, perftest's cycle buffer).
+func (s *session) checkMaxMem() error {
+	p := s.o.Params
+	p.Defaults(s.test)
+	if p.QPs < 1 || p.QPs > MaxQPs || p.Size < 1 || p.Size > 1<<31 || p.TxDepth < 1 {
+		return nil // Validate says what is wrong with them
+	}
+	var maxSize int64
+	for _, n := range p.Sizes() {
+		maxSize = max(maxSize, n)
+	}
+	region := int(maxSize)
+	switch {
+	case s.test.verb() == verbAtomic:
+		region = max(8*p.TxDepth, 64)
+	case s.test == WriteLat || s.test == SendLat:
+		region = 2 * slotStride(maxSize)
+	}
+	if err := s.fitMaxMem(roundUp(region, pageSize), p.QPs); err != nil {
+		return usage(err)
+	}
 	return nil
 }
 

@@ -15,6 +15,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -39,6 +40,8 @@ const (
 	DefaultIters   = 1000
 	DefaultMTU     = 1024
 	DefaultRxDepth = 500
+	// MaxSize is the largest -s: an IBTA message is at most 2^31 bytes.
+	MaxSize = 1 << 31
 )
 
 // The QP attributes pp_connect_ctx sets.
@@ -106,6 +109,12 @@ type Options struct {
 	SourcePort     int           // UDP source port of the device's packets (softrdma.Config.SourcePort)
 	Stat           bool          // print the device's non-zero counters at the end
 	ConnectTimeout time.Duration // client: retry a refused connection for this long (0: one attempt, as rc_pingpong)
+	// IdleTimeout ends the run with an error when no completion arrives
+	// for this long while exchanges remain (0: wait for ever, as
+	// rc_pingpong). The exchange carries no iteration count, so a peer
+	// given a smaller -n stops early, and one that went away says
+	// nothing: without a bound this side would wait for ever.
+	IdleTimeout time.Duration
 
 	Listener net.Listener // server: accept on this instead of listening on Port (tests)
 	Stdout   io.Writer
@@ -130,8 +139,8 @@ func (o *Options) Validate() error {
 	if o.Port < 0 || o.Port > 65535 {
 		return usagef("-p %d: not a TCP port", o.Port)
 	}
-	if o.Size < 0 {
-		return usagef("-s %d: negative size", o.Size)
+	if o.Size < 0 || o.Size > MaxSize {
+		return usagef("-s %d: must be 0 to 2^31 bytes", o.Size)
 	}
 	if o.Iters < 1 {
 		return usagef("-n %d: need at least one exchange", o.Iters)
@@ -141,6 +150,9 @@ func (o *Options) Validate() error {
 	}
 	if mtuCode(o.MTU) == 0 {
 		return usagef("-m %d: path MTU must be 256, 512, 1024, 2048 or 4096", o.MTU)
+	}
+	if o.IdleTimeout < 0 {
+		return usagef("--idle-timeout %v: must be 0 or more", o.IdleTimeout)
 	}
 	if o.SL < 0 || o.SL > 15 {
 		return usagef("-l %d: service level is 0-15", o.SL)
@@ -529,11 +541,21 @@ func (r *run) pingpong(ctx context.Context) error {
 		pending |= sendWRID
 	}
 	start := time.Now()
+	ctx, idle := r.watchIdle(ctx)
+	defer idle.stop()
 	routs, rcnt, scnt := o.RxDepth, 0, 0
 	for rcnt < o.Iters || scnt < o.Iters {
 		wcs, err := r.poll(ctx)
 		if err != nil {
+			if idle.expired() {
+				return fmt.Errorf("no completion for %v (--idle-timeout) after %d of %d exchanges (-n %d): "+
+					"the peer stopped or went away (was it given a smaller -n? %s's exchange does not carry it)",
+					o.IdleTimeout, min(rcnt, scnt), o.Iters, o.Iters, o.tool())
+			}
 			return err
+		}
+		if len(wcs) > 0 {
+			idle.progress()
 		}
 		for i := range wcs {
 			wc := &wcs[i]
@@ -589,6 +611,65 @@ func (r *run) pingpong(ctx context.Context) error {
 	}
 	time.Sleep(linger)
 	return bad
+}
+
+// idleWatch cancels the main loop's context once no completion arrived
+// for Options.IdleTimeout (watchIdle).
+type idleWatch struct {
+	last   atomic.Int64 // Unix nanoseconds of the last progress
+	fired  atomic.Bool
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// watchIdle returns ctx, cancelled once o.IdleTimeout passes without a
+// call of progress (if o.IdleTimeout is set), and its watch. A goroutine
+// checks a few times per timeout, so that the loop pays an atomic store
+// per batch of completions and no timer.
+func (r *run) watchIdle(ctx context.Context) (context.Context, *idleWatch) {
+	w := &idleWatch{done: make(chan struct{})}
+	ctx, w.cancel = context.WithCancel(ctx)
+	w.progress()
+	limit := r.o.IdleTimeout
+	if limit <= 0 {
+		close(w.done)
+		return ctx, w
+	}
+	go func() {
+		defer close(w.done)
+		tick := time.NewTicker(max(limit/8, time.Millisecond))
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case now := <-tick.C:
+				if now.UnixNano()-w.last.Load() >= int64(limit) {
+					w.fired.Store(true)
+					w.cancel()
+					return
+				}
+			}
+		}
+	}()
+	return ctx, w
+}
+
+// progress notes a completion.
+func (w *idleWatch) progress() { w.last.Store(time.Now().UnixNano()) }
+
+// expired reports whether the watch cancelled the context.
+func (w *idleWatch) expired() bool { return w.fired.Load() }
+
+// stop ends the watch.
+func (w *idleWatch) stop() {
+	w.cancel()
+	<-w.done
+}
+
+// tool is the rdma-core tool this run stands in for.
+func (o *Options) tool() string {
+	return "ibv_" + strings.ReplaceAll(o.name(), "-", "_")
 }
 
 // verify checks the message a receive completion reports (Verify).
