@@ -358,6 +358,7 @@ func (qp *QP) execRead(p *wire.Packet, path *path, b *txBatch) {
 // a remote access error NAK.
 func (qp *QP) sendReadResponses(b *txBatch, path *path, psn wire.PSN, va uint64, rkey uint32, length uint64) {
 	r := &qp.resp
+	qp.supersedeAck(psn)
 	e := qp.dev.place
 	// READ responses use their own cursor: a duplicate READ may arrive in
 	// the middle of a multi-packet WRITE, whose cursor must survive it.
@@ -479,6 +480,7 @@ func (qp *QP) execAtomic(p *wire.Packet, path *path, b *txBatch) {
 }
 
 func (qp *QP) sendAtomicAck(b *txBatch, path *path, psn wire.PSN, orig uint64, msn wire.MSN) {
+	qp.supersedeAck(psn)
 	buf, info := buildPacket(b, path, wire.OpAtomicAcknowledge, psn, false, 0)
 	wire.AETH(buf[info.Offset[wire.HdrAETH]:]).Encode(wire.SyndromeACK, msn)
 	wire.AtomicAckETH(buf[info.Offset[wire.HdrAtomicAckETH]:]).SetOrigRemoteData(orig)
@@ -580,10 +582,25 @@ func (qp *QP) releaseResp() {
 // sendAck sends an ACKNOWLEDGE with syndrome syn for psn, carrying the
 // current MSN.
 func (qp *QP) sendAck(b *txBatch, path *path, syn wire.Syndrome, psn wire.PSN) {
+	qp.supersedeAck(psn)
 	buf, info := buildPacket(b, path, wire.OpAcknowledge, psn, false, 0)
 	wire.AETH(buf[info.Offset[wire.HdrAETH]:]).Encode(syn, qp.resp.msn)
 	if syn.Type() != wire.TypeACK {
 		qp.dev.counters.NAKsSent.Add(1)
+	}
+}
+
+// supersedeAck drops the batch's coalesced ACK when a response for a later
+// PSN is about to go out: an ACK, NAK, READ response or atomic ACK for psn
+// acknowledges every request before psn too (IBTA 9.7.5.1.2, coalesced
+// acknowledgements), and the coalesced ACK, sent at the end of the batch,
+// would arrive after it and be dropped by the requester as a duplicate
+// response. It counts as an ACK deferred. Receive loop only (respMu).
+func (qp *QP) supersedeAck(psn wire.PSN) {
+	r := &qp.resp
+	if r.ackPend && r.ackPSN.Before(psn) {
+		r.ackPend = false
+		qp.dev.counters.AckDeferred.Add(1)
 	}
 }
 

@@ -431,3 +431,28 @@ func TestUnsupportedOpcodeLogged(t *testing.T) {
 	require.Contains(t, logs[0], a.LocalAddr().String())
 	require.Contains(t, logs[0], "opcode 0xa4 is not supported")
 }
+
+// TestResponseSupersedesCoalescedACK: a WRITE and then a READ in one
+// receive batch. The WRITE's ACK is coalesced to the end of the batch; the
+// READ response, which acknowledges the WRITE too (IBTA 9.7.5.1.2), goes
+// out first, so the coalesced ACK would arrive after it, for an older PSN,
+// and the requester would drop it as a duplicate response. It must not be
+// sent: the device answers with the READ response alone.
+func TestResponseSupersedesCoalescedACK(t *testing.T) {
+	r := newResponderRig(t)
+	data := []byte("coalesced")
+	base := r.mr.Addr()
+	r.d.handle(&conn.Packet{Buf: r.build(wire.OpRDMAWriteOnly, 1000, data, true, r.reth(base, r.mr.RKey(), uint32(len(data)))), Addr: r.from}, &r.pkt)
+	r.d.handle(&conn.Packet{Buf: r.build(wire.OpRDMAReadRequest, 1001, nil, true, r.reth(base, r.mr.RKey(), uint32(len(data)))), Addr: r.from}, &r.pkt)
+	deferred := r.d.counters.AckDeferred.Load()
+	sent := r.d.counters.SentPkts.Load()
+	r.d.flushAcks()
+	r.d.rxTx.flush()
+	r.d.reader.Quiesce()
+	op, _, psn := r.answer()
+	require.Equal(t, wire.OpRDMAReadResponseOnly, op)
+	require.Equal(t, wire.PSN(1001), psn)
+	require.Equal(t, sent+1, r.d.counters.SentPkts.Load(), "a packet after the READ response: the superseded ACK")
+	require.Equal(t, deferred, r.d.counters.AckDeferred.Load(), "counted when superseded, not again at the flush")
+	require.Positive(t, deferred)
+}
