@@ -682,7 +682,9 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 	}
 	ownErr := runErr != nil && !errors.Is(runErr, context.Canceled)
 	switch {
-	case ownErr && (pm.err != nil || pm.r.Err != ""):
+	case ownErr && (pm.err != nil || pm.r.Err != "" && pm.r.Err != context.Canceled.Error()):
+		// (A peer that only stopped because this side failed, the
+		// passive side of WRITE and READ, adds nothing.)
 		// Both sides failed: this side's failure first, then the peer's.
 		return mine, peer, fmt.Errorf("%w; the peer: %s", runErr, peerFailure(pm))
 	case pm.err != nil:
