@@ -68,6 +68,7 @@ type toolCmd struct {
 
 	// perftest interoperability (docs/interop.md).
 	ConnectTimeout time.Duration `name:"connect-timeout" placeholder:"DURATION" help:"Client: keep retrying a refused connection for this long (default: one attempt, as perftest)."`
+	IdleTimeout    time.Duration `name:"idle-timeout" default:"10s" placeholder:"DURATION" help:"With -n, fail when no completion arrives for this long (each one restarts it): the QPs retry for ever (retry_cnt 7, as rxe), so a dead peer or path would hang the run (0: wait for ever, as perftest). At most 24h."`
 	Stat           bool          `name:"stat" help:"Print the device's non-zero counters at the end (as rc-pingpong --stat)."`
 	MaxMem         msgSize       `name:"max-mem" placeholder:"BYTES" help:"Most bytes of buffers this side allocates (-q × the region of -s); a server takes -s and -q from its client. Default: 4G."`
 	Perftest       bool          `name:"perftest" help:"Speak perftest's exchange byte for byte even to a softrdma peer (a stock ib_write_bw, ib_read_bw, ... peer is detected without it); both sides then need the same -s, -n, -q, -A."`
@@ -137,6 +138,9 @@ func (c *toolCmd) options(test perf.Test) (*perf.Options, error) {
 	if err := checkTimeout("--connect-timeout", c.ConnectTimeout); err != nil {
 		return nil, err
 	}
+	if err := checkTimeout("--idle-timeout", c.IdleTimeout); err != nil {
+		return nil, err
+	}
 	if c.Port < 1 || c.Port > 65535 {
 		return nil, fmt.Errorf("-p %d: the port must be 1 to 65535", c.Port)
 	}
@@ -200,7 +204,7 @@ func (c *toolCmd) options(test perf.Test) (*perf.Options, error) {
 		Test: test, Params: p, Server: c.Server, Port: c.Port, Bind: c.Bind, File: c.File, Out: c.Out,
 		Pcap: c.Pcap, Impair: c.Impair, SourcePort: int(c.SourcePort), JSON: c.JSON, ReportGbits: c.ReportGbits, ODP: odp,
 		Perftest: c.Perftest, ConnectTimeout: c.ConnectTimeout, Stat: c.Stat, RDMACM: c.RDMACM, RoCEPort: c.RoCEPort,
-		MaxMem: int64(c.MaxMem),
+		MaxMem: int64(c.MaxMem), IdleTimeout: c.IdleTimeout,
 	}, nil
 }
 

@@ -308,20 +308,23 @@ func (p *Perftest) xchg(what string, my, rem []byte) error {
 // to Native after this step.
 func (p *Perftest) ExchangeVersions(offerNative bool) (native bool, err error) {
 	var rem PerftestVer
+	if p.Timeout > 0 {
+		p.c.SetDeadline(time.Now().Add(p.Timeout))
+		defer p.c.SetDeadline(time.Time{})
+	}
 	if p.client {
 		my := MakePerftestVer(PerftestVersion, offerNative)
-		err = p.xchg("version", my[:], rem[:])
+		if _, err := p.c.Write(my[:]); err != nil {
+			return false, fmt.Errorf("exchange: perftest version: write: %w", err)
+		}
+		err = readVersion(p.c, &rem)
 		p.Remote = rem
 		return err == nil && offerNative && rem.native(), err
 	}
 	// The server reads first, so it knows whether to answer with the mark.
-	if p.Timeout > 0 {
-		p.c.SetReadDeadline(time.Now().Add(p.Timeout))
+	if err := readVersion(p.c, &rem); err != nil {
+		return false, err
 	}
-	if _, err := io.ReadFull(p.c, rem[:]); err != nil {
-		return false, fmt.Errorf("exchange: perftest version: read: %w", err)
-	}
-	p.c.SetReadDeadline(time.Time{})
 	p.Remote = rem
 	native = offerNative && rem.native()
 	my := MakePerftestVer(PerftestVersion, native)
@@ -330,6 +333,65 @@ func (p *Perftest) ExchangeVersions(offerNative bool) (native bool, err error) {
 	}
 	return native, nil
 }
+
+// NotPeerError is a peer whose first bytes cannot start a perftest (or
+// softrdma) version exchange: something else listens on, or connected to,
+// the port (an HTTP server, a port scanner).
+type NotPeerError struct {
+	Got []byte // what it sent, up to the first byte that cannot be a version's
+}
+
+func (e *NotPeerError) Error() string {
+	return fmt.Sprintf("exchange: the peer is not a softrdma or perftest tool: it sent %q", e.Got)
+}
+
+// readVersion reads the peer's version field, failing with a
+// *NotPeerError as soon as what arrived cannot be one (perftest's VERSION
+// is digits and dots, NUL terminated within the 16 bytes), so that a peer
+// speaking another protocol is refused at once rather than after 16 bytes
+// that may never come.
+func readVersion(r io.Reader, v *PerftestVer) error {
+	n := 0
+	for n < versionSize {
+		k, err := r.Read(v[n:])
+		n += k
+		if !versionPrefix(v[:n]) {
+			return &NotPeerError{Got: bytes.Clone(v[:n])}
+		}
+		if err != nil && n < versionSize {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			return fmt.Errorf("exchange: perftest version: read: %w", err)
+		}
+	}
+	return nil
+}
+
+// versionPrefix reports whether b can begin a version field: a digit,
+// then digits and dots up to a NUL (anything after it: the softrdma
+// mark), the NUL within the field.
+func versionPrefix(b []byte) bool {
+	s := b
+	if i := bytes.IndexByte(b, 0); i >= 0 {
+		s = b[:i]
+	} else if len(b) == versionSize {
+		return false
+	}
+	if len(b) > 0 && (len(s) == 0 || s[0] < '0' || s[0] > '9') {
+		return false
+	}
+	for _, c := range s {
+		if (c < '0' || c > '9') && c != '.' {
+			return false
+		}
+	}
+	return true
+}
+
+// SetDeadline sets the deadline of the connection's reads and writes (the
+// zero time: none), to bound several steps together.
+func (p *Perftest) SetDeadline(t time.Time) error { return p.c.SetDeadline(t) }
 
 // SysData is check_sys_data: it exchanges the cycle buffer (perftest's
 // default is the page size) and the cache line size and returns the

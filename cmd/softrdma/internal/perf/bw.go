@@ -57,7 +57,7 @@ func (s *session) bwClientRun(ctx context.Context, size int64) (report.BW, []int
 	const batch = 32
 	wrs := make([]softrdma.SendWR, 0, batch)
 	sgls := make([]softrdma.SGE, batch)
-	pl := newPoller(s.cq)
+	pl := s.newPoller()
 	// The peak is measured over at least as many messages as can be in
 	// flight on all QPs, or a burst of completions would count as a rate.
 	peak := report.NewPeakTracker(size, peakWindow(max(cqMod, depth*int64(nqp)), p.Iters*int64(nqp), p.Duration))
@@ -130,6 +130,7 @@ func (s *session) bwClientRun(ctx context.Context, size int64) (report.BW, []int
 		}
 		last = now
 		peak.Add(now, total)
+		s.idle.iters(total)
 	}
 	if s.pt != nil {
 		s.ptVerifyDone(size, total)
@@ -233,7 +234,7 @@ func (s *session) sendBWServer(ctx context.Context, size int64, target func() (i
 	// wctx ends when the target becomes known, to wake a blocked Wait.
 	wctx, cancel := untilClosed(ctx, known)
 	defer cancel()
-	pl := newPoller(s.cq)
+	pl := s.newPoller()
 	peak := report.NewPeakTracker(size, peakWindow(max(int64(s.p.CQMod), int64(s.p.TxDepth)*int64(s.p.QPs)), s.p.Iters*int64(s.p.QPs), s.p.Duration))
 	var total int64
 	start := time.Now()
@@ -275,6 +276,7 @@ func (s *session) sendBWServer(ctx context.Context, size int64, target func() (i
 		if len(wcs) > 0 {
 			last = now
 			peak.Add(now, total)
+			s.idle.iters(total)
 		}
 	}
 	r := report.BW{Bytes: size, Iterations: total, Elapsed: last.Sub(start)}

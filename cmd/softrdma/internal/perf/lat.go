@@ -69,7 +69,7 @@ func (s *session) pingPongRun(ctx context.Context, size int64, target func() (in
 	}
 	sq, _ := s.queueDepths(size)
 	sendsOut := 0
-	pl := newPoller(s.cq)
+	pl := s.newPoller()
 	chk := checker{seed: s.p.Seed}
 	gotRecv := false
 	// handle processes completions; a receive sets gotRecv.
@@ -165,6 +165,7 @@ func (s *session) pingPongRun(ctx context.Context, size int64, target func() (in
 					return nil
 				}
 			} else if loadByte(recvSlot, int(size)-1) == byte(i) {
+				s.idle.progress()
 				return nil
 			} else {
 				b.wait()
@@ -221,6 +222,7 @@ func (s *session) pingPongRun(ctx context.Context, size int64, target func() (in
 				return report.Lat{}, 0, err
 			}
 		}
+		s.idle.iters(i)
 	}
 	// Let the last sends complete before the round ends.
 	for sendsOut > 0 {
@@ -272,7 +274,7 @@ func (s *session) readLat(ctx context.Context, size int64) (report.Lat, int64, e
 // --verify each READ is checked against the pattern the server wrote.
 func (s *session) readLatRun(ctx context.Context, size int64) (report.Lat, int64, error) {
 	qp, rem := s.qps[0], &s.remote[0]
-	pl := newPoller(s.cq)
+	pl := s.newPoller()
 	chk := checker{seed: s.p.Seed}
 	sgl := []softrdma.SGE{s.sge(0, 0, int(size))}
 	lat := report.NewLatRecorder()
@@ -293,6 +295,7 @@ func (s *session) readLatRun(ctx context.Context, size int64) (report.Lat, int64
 			return report.Lat{}, 0, err
 		}
 		lat.Record(time.Since(t0))
+		s.idle.iters(i + 1)
 		if err := checkWC(&wcs[0]); err != nil {
 			return report.Lat{}, 0, err
 		}

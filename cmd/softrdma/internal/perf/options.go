@@ -215,6 +215,18 @@ type Options struct {
 	// ConnectTimeout makes a client retry a refused connection for this
 	// long (0: one attempt, as perftest).
 	ConnectTimeout time.Duration
+	// SetupTimeout bounds the exchange's setup, from the TCP connection
+	// to the agreement on the test (the version exchange, then softrdma's
+	// hello and reply or perftest's system data and MTU): a peer that
+	// connected but does not speak the exchange fails the run instead of
+	// hanging it (0: DefaultSetupTimeout).
+	SetupTimeout time.Duration
+	// IdleTimeout ends an -n run in which no completion arrived for this
+	// long (--idle-timeout; 0: no bound, the library's default): the QPs
+	// retry for ever (retry_cnt 7, as on rxe), so a dead peer or path
+	// would keep it going. Each completion restarts it. A -D run is
+	// bounded by its drain limit instead.
+	IdleTimeout time.Duration
 	// Bind is the RoCEv2 device's address: "IP" or "IP:port". The default
 	// is the IP of the TCP connection (the one that reaches the peer) and
 	// port 4791 for a server (an ephemeral port if 4791 is taken), an

@@ -150,8 +150,13 @@ func (s *session) ptRun(ctx context.Context) error {
 	}
 	pt := s.pt
 	var err error
+	// The setup's time limit covers the steps up to the MTU, which a
+	// perftest peer answers at once.
+	if !s.setupEnd.IsZero() {
+		pt.SetDeadline(s.setupEnd)
+	}
 	if s.pm.cycle, s.pm.cacheLine, err = pt.SysData(os.Getpagesize(), ptCacheLine); err != nil {
-		return err
+		return s.setupErr(ctx, err)
 	}
 	if s.pm.cycle < pageSize || s.pm.cycle > 1<<30 || s.pm.cacheLine < 8 || s.pm.cacheLine > s.pm.cycle {
 		return fmt.Errorf("perftest peer: cycle buffer %d and cache line %d are not usable", s.pm.cycle, s.pm.cacheLine)
@@ -162,7 +167,10 @@ func (s *session) ptRun(ctx context.Context) error {
 	}
 	mtu, err := pt.MTU(int(mtuCode(mine)))
 	if err != nil {
-		return err
+		return s.setupErr(ctx, err)
+	}
+	if !s.setupEnd.IsZero() {
+		pt.SetDeadline(time.Time{})
 	}
 	s.p.MTU = softrdma.MTU(mtu).Bytes()
 	s.json.MTU, s.json.QPs = s.p.MTU, s.p.QPs

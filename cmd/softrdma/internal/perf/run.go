@@ -242,12 +242,9 @@ func (s *session) runClient(ctx context.Context) error {
 	// server answers the mark in this side's version and the two switch to
 	// softrdma's exchange, a perftest server does not.
 	pt := exchange.NewPerftest(c, true)
-	stop := context.AfterFunc(ctx, func() { c.Close() })
-	native, err := pt.ExchangeVersions(!o.Perftest)
-	stop()
+	native, err := s.exchangeVersions(ctx, c, pt)
 	if err != nil {
-		c.Close()
-		return ctxErr(ctx, err)
+		return err
 	}
 	if !native {
 		s.pt = pt
@@ -263,6 +260,66 @@ func (s *session) runClient(ctx context.Context) error {
 	}
 	return s.tellPeer(err)
 }
+
+// DefaultSetupTimeout is the default Options.SetupTimeout.
+const DefaultSetupTimeout = 10 * time.Second
+
+// exchangeVersions starts the exchange on c (perftest's
+// exchange_versions) within the setup time limit, which starts now, and
+// returns whether both sides speak softrdma's exchange. On failure it
+// closes c and explains a peer that is not a softrdma or perftest tool.
+func (s *session) exchangeVersions(ctx context.Context, c net.Conn, pt *exchange.Perftest) (bool, error) {
+	limit := s.o.SetupTimeout
+	if limit <= 0 {
+		limit = DefaultSetupTimeout
+	}
+	s.setupLimit, s.setupEnd = limit, time.Now().Add(limit)
+	s.peerTCP = c.RemoteAddr().String()
+	c.SetDeadline(s.setupEnd)
+	stop := context.AfterFunc(ctx, func() { c.Close() })
+	native, err := pt.ExchangeVersions(!s.o.Perftest)
+	stop()
+	c.SetDeadline(time.Time{})
+	if err != nil {
+		c.Close()
+		return false, ctxErr(ctx, s.setupErr(ctx, err))
+	}
+	return native, nil
+}
+
+// setupCtx returns ctx ending when the setup's time limit does (if this
+// side set one: over TCP, exchangeVersions).
+func (s *session) setupCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	if s.setupEnd.IsZero() {
+		return ctx, func() {}
+	}
+	return context.WithDeadline(ctx, s.setupEnd)
+}
+
+// setupErr explains err, an error of the exchange's setup, when the peer
+// is not a softrdma or perftest tool: it sent something else, or nothing
+// within the setup time limit (not ctx's own end).
+func (s *session) setupErr(ctx context.Context, err error) error {
+	var np *exchange.NotPeerError
+	switch {
+	case errors.As(err, &np):
+		return fmt.Errorf("the peer at %s is not a softrdma or perftest peer: it sent %q", s.peerTCP, np.Got)
+	case ctx.Err() == nil && (errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, context.DeadlineExceeded)):
+		return &setupTimeoutError{fmt.Sprintf("the peer at %s connected but did not complete the exchange within %v: "+
+			"is it a softrdma or perftest peer?", s.peerTCP, s.setupLimit), err}
+	}
+	return err
+}
+
+// setupTimeoutError is a setup that did not complete in time; it reads as
+// its message and unwraps to the timeout.
+type setupTimeoutError struct {
+	msg string
+	err error
+}
+
+func (e *setupTimeoutError) Error() string { return e.msg }
+func (e *setupTimeoutError) Unwrap() error { return e.err }
 
 // clientParams sets the test parameters a client sends in its hello: its
 // flags, perftest's defaults, a pattern seed, its --file's size.
@@ -290,8 +347,10 @@ func (s *session) clientHello(ctx context.Context) error {
 		return err
 	}
 	var r reply
-	if err := s.ctrl.RecvJSON(ctx, exchange.MsgReply, &r); err != nil {
-		return err
+	hctx, cancel := s.setupCtx(ctx)
+	defer cancel()
+	if err := s.ctrl.RecvJSON(hctx, exchange.MsgReply, &r); err != nil {
+		return s.setupErr(ctx, err)
 	}
 	s.p.MTU = agreeMTU(s.p.MTU, r.MTU)
 	if r.FileSize >= 0 {
@@ -415,12 +474,9 @@ func (s *session) runServer(ctx context.Context) error {
 	ln.Close() // one client, as perftest
 	s.tcpLocal, s.tcpRemote = tcpAddrs(c)
 	pt := exchange.NewPerftest(c, false)
-	stop := context.AfterFunc(ctx, func() { c.Close() })
-	native, err := pt.ExchangeVersions(!o.Perftest)
-	stop()
+	native, err := s.exchangeVersions(ctx, c, pt)
 	if err != nil {
-		c.Close()
-		return ctxErr(ctx, err)
+		return err
 	}
 	if !native {
 		s.pt = pt
@@ -437,8 +493,10 @@ func (s *session) runServer(ctx context.Context) error {
 }
 
 func (s *session) serverHello(ctx context.Context) error {
-	if err := s.ctrl.RecvJSON(ctx, exchange.MsgHello, &s.p); err != nil {
-		return err
+	hctx, cancel := s.setupCtx(ctx)
+	defer cancel()
+	if err := s.ctrl.RecvJSON(hctx, exchange.MsgHello, &s.p); err != nil {
+		return s.setupErr(ctx, err)
 	}
 	if err := s.p.Validate(s.test); err != nil {
 		return err
@@ -595,7 +653,20 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 			return 0, false
 		}
 	}
-	mine, runErr := s.runSide(rctx, size, targetFn, known)
+	// An -n run whose completions stop (a dead peer or path: the QPs
+	// retry for ever) ends after --idle-timeout; the passive side, which
+	// has no completions, learns of it from the active side's result.
+	ictx, idle := rctx, (*idleWatch)(nil)
+	if !s.passive() {
+		ictx, idle = s.watchIdle(rctx)
+	}
+	s.idle = idle
+	mine, runErr := s.runSide(ictx, size, targetFn, known)
+	idle.stop()
+	s.idle = nil
+	if runErr != nil && idle.expired() {
+		runErr = s.idleErr(idle, s.asked(size))
+	}
 	if runErr != nil {
 		mine.Err = runErr.Error()
 	}
@@ -611,7 +682,9 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 	}
 	ownErr := runErr != nil && !errors.Is(runErr, context.Canceled)
 	switch {
-	case ownErr && (pm.err != nil || pm.r.Err != ""):
+	case ownErr && (pm.err != nil || pm.r.Err != "" && pm.r.Err != context.Canceled.Error()):
+		// (A peer that only stopped because this side failed, the
+		// passive side of WRITE and READ, adds nothing.)
 		// Both sides failed: this side's failure first, then the peer's.
 		return mine, peer, fmt.Errorf("%w; the peer: %s", runErr, peerFailure(pm))
 	case pm.err != nil:
@@ -767,6 +840,30 @@ func (s *session) runSide(ctx context.Context, size int64, target func() (int64,
 		res.BW, res.Counts = &bw, counts
 	}
 	return res, nil
+}
+
+// passive reports whether this side has no part in the round but to wait
+// for the peer's result (the server of write-bw, read-bw, atomic-bw and
+// read-lat without a stream), as runSide decides.
+func (s *session) passive() bool {
+	switch {
+	case s.streams(), s.test == WriteLat || s.test == SendLat, s.test == ReadLat && !s.server,
+		s.test == SendBW && s.server:
+		return false
+	}
+	return s.server
+}
+
+// asked is the number of iterations of a round of size bytes (all QPs'),
+// as the idle watch counts them.
+func (s *session) asked(size int64) int64 {
+	switch {
+	case s.streams() && s.fileSize >= 0:
+		return chunks(s.fileSize, size)
+	case s.test.IsLat():
+		return s.p.Iters
+	}
+	return s.p.Iters * int64(s.p.QPs)
 }
 
 // check compares this side's result with the peer's once both are done.

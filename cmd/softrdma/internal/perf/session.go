@@ -9,6 +9,7 @@ import (
 	"os"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/softrdma/softrdma"
 	"github.com/softrdma/softrdma/cmd/softrdma/internal/cmchan"
@@ -82,6 +83,14 @@ type session struct {
 	// expires, in Unix nanoseconds; 0 when none is running. Read by the
 	// goroutine that waits for the peer's result (round).
 	boundEnd atomic.Int64
+	// idle is the idle watch of the round's run (-n, --idle-timeout;
+	// nil: none), set before the run and read by its loops.
+	idle *idleWatch
+	// The exchange's setup: its time limit, when it expires, and the
+	// peer's TCP address (for the messages).
+	setupLimit time.Duration
+	setupEnd   time.Time
+	peerTCP    string
 }
 
 // ringSlots is the number of message slots of a --verify or --file ring

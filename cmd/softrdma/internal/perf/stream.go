@@ -73,7 +73,7 @@ func (s *session) pushRun(ctx context.Context, size int64, src source, count int
 	var k, acked, consumed int64 // k: data messages posted; acked: WRs completed
 	eos := false
 	sgl := make([]softrdma.SGE, 1)
-	pl := newPoller(s.cq)
+	pl := s.newPoller()
 	peak := report.NewPeakTracker(size, peakWindow(n, count, 0))
 	start := time.Now()
 	last := start
@@ -144,6 +144,7 @@ func (s *session) pushRun(ctx context.Context, size int64, src source, count int
 				acked = wridIdx(wc.WRID) + 1
 				last = now
 				peak.Add(now, acked)
+				s.idle.iters(acked)
 			case kindEOS:
 				acked = wridIdx(wc.WRID) + 1
 			}
@@ -178,7 +179,7 @@ func (s *session) pull(ctx context.Context, size int64, snk sink, lenOf func(k i
 	sq, _ := s.queueDepths(size)
 	var consumed, credited int64
 	creditsOut := 0
-	pl := newPoller(s.cq)
+	pl := s.newPoller()
 	peak := report.NewPeakTracker(size, n)
 	start := time.Now()
 	last := start
@@ -228,6 +229,7 @@ func (s *session) pull(ctx context.Context, size int64, snk sink, lenOf func(k i
 			}
 			last = now
 			peak.Add(now, consumed)
+			s.idle.iters(consumed)
 		}
 		// One credit per batch of completions; the end of stream is not
 		// credited.
@@ -269,7 +271,7 @@ func (s *session) readServe(ctx context.Context, size int64, src source, count i
 	sq, _ := s.queueDepths(size)
 	var filled, published, consumed int64
 	notesOut := 0
-	pl := newPoller(s.cq)
+	pl := s.newPoller()
 	for consumed < count {
 		for filled < count && filled-consumed < n {
 			off := int(filled%n) * int(size)
@@ -322,7 +324,7 @@ func (s *session) readFetch(ctx context.Context, size int64, snk sink, fileSize 
 	var published, posted, consumed, credited int64
 	creditsOut := 0
 	sgl := make([]softrdma.SGE, 1)
-	pl := newPoller(s.cq)
+	pl := s.newPoller()
 	peak := report.NewPeakTracker(size, peakWindow(n, count, 0))
 	start := time.Now()
 	last := start
@@ -381,6 +383,7 @@ func (s *session) readFetch(ctx context.Context, size int64, snk sink, fileSize 
 				consumed++
 				last = now
 				peak.Add(now, consumed)
+				s.idle.iters(consumed)
 			case kindCredit:
 				creditsOut--
 			}

@@ -1,0 +1,147 @@
+package perf
+
+import (
+	"context"
+	"io"
+	"net"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestSetupBoundsASilentPeer: a TCP peer that connects to the exchange
+// port and says nothing fails the run after the setup's time limit with a
+// message that names the peer and the limit, on either side, instead of
+// hanging it.
+func TestSetupBoundsASilentPeer(t *testing.T) {
+	t.Run("client", func(t *testing.T) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		defer ln.Close()
+		go func() {
+			c, err := ln.Accept()
+			if err == nil {
+				defer c.Close()
+				io.Copy(io.Discard, c) // silent until the client leaves
+			}
+		}()
+		port := ln.Addr().(*net.TCPAddr).Port
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		start := time.Now()
+		_, err = Run(ctx, &Options{Test: WriteBW, Server: "127.0.0.1", Port: port, Bind: "127.0.0.1:0",
+			SetupTimeout: 200 * time.Millisecond})
+		require.Error(t, err)
+		assert.EqualError(t, err, "the peer at 127.0.0.1:"+strconv.Itoa(port)+
+			" connected but did not complete the exchange within 200ms: is it a softrdma or perftest peer?")
+		assert.Less(t, time.Since(start), 10*time.Second)
+	})
+	t.Run("server", func(t *testing.T) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		done := make(chan error, 1)
+		go func() {
+			_, err := Run(context.Background(), &Options{Test: WriteBW, Listener: ln, Bind: "127.0.0.1:0",
+				SetupTimeout: 200 * time.Millisecond})
+			done <- err
+		}()
+		c, err := net.Dial("tcp", ln.Addr().String())
+		require.NoError(t, err)
+		defer c.Close()
+		select {
+		case err := <-done:
+			require.Error(t, err)
+			assert.EqualError(t, err, "the peer at "+c.LocalAddr().String()+
+				" connected but did not complete the exchange within 200ms: is it a softrdma or perftest peer?")
+		case <-time.After(20 * time.Second):
+			t.Fatal("the server waits for ever for a silent client")
+		}
+	})
+}
+
+// TestSetupRefusesGarbage: a peer whose first bytes cannot begin
+// perftest's version exchange (an HTTP server or client) is refused at
+// once, long before the setup's time limit.
+func TestSetupRefusesGarbage(t *testing.T) {
+	const garbage = "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
+	t.Run("client", func(t *testing.T) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		defer ln.Close()
+		go func() {
+			c, err := ln.Accept()
+			if err == nil {
+				defer c.Close()
+				c.Write([]byte(garbage))
+				io.Copy(io.Discard, c)
+			}
+		}()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		start := time.Now()
+		port := ln.Addr().(*net.TCPAddr).Port
+		_, err = Run(ctx, &Options{Test: WriteBW, Server: "127.0.0.1", Port: port, Bind: "127.0.0.1:0"})
+		require.Error(t, err)
+		assert.Regexp(t, `^the peer at 127.0.0.1:`+strconv.Itoa(port)+` is not a softrdma or perftest peer: it sent "HTTP/1.1 `, err.Error())
+		assert.Less(t, time.Since(start), 5*time.Second, "refused at once, not after the setup limit")
+	})
+	t.Run("server", func(t *testing.T) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		done := make(chan error, 1)
+		go func() {
+			_, err := Run(context.Background(), &Options{Test: WriteBW, Listener: ln, Bind: "127.0.0.1:0"})
+			done <- err
+		}()
+		c, err := net.Dial("tcp", ln.Addr().String())
+		require.NoError(t, err)
+		defer c.Close()
+		_, err = c.Write([]byte("GET / HTTP/1.1\r\n")) // 16 bytes, and no more
+		require.NoError(t, err)
+		select {
+		case err := <-done:
+			require.Error(t, err)
+			assert.Regexp(t, `is not a softrdma or perftest peer: it sent "G`, err.Error())
+		case <-time.After(5 * time.Second):
+			t.Fatal("the server did not refuse a client speaking HTTP at once")
+		}
+	})
+}
+
+// TestIdleTimeoutBoundsADeadPath: in an -n run whose packets are all lost
+// (--impair loss=1 on the client: the QPs retry for ever, retry_cnt 7 as
+// on rxe), the side waiting for completions fails once none came for
+// --idle-timeout, naming the flag and the iterations done, and the other
+// side (passive for WRITE and READ: it has no completions) learns it
+// through the exchange (send-bw: both wait for completions, and either
+// may fail first); neither waits for ever.
+func TestIdleTimeoutBoundsADeadPath(t *testing.T) {
+	for _, test := range []Test{WriteBW, WriteLat, ReadLat, SendBW} {
+		t.Run(test.String(), func(t *testing.T) {
+			start := time.Now()
+			r := runPair(t, test, Options{IdleTimeout: 300 * time.Millisecond},
+				Options{Params: Params{Size: 4096, Iters: 50}, Impair: "loss=1", IdleTimeout: 300 * time.Millisecond})
+			require.Error(t, r.cliErr)
+			assert.Regexp(t, `^(peer: )?no completion for 300ms \(--idle-timeout\) after 0 of 50 iterations \(-n 50\): `+
+				`the peer or the path to it is probably dead`, r.cliErr.Error())
+			assert.NotContains(t, r.cliErr.Error(), "context canceled", "the passive peer's stop is no news")
+			require.Error(t, r.srvErr, "the server cannot report a run that did not end")
+			assert.Contains(t, r.srvErr.Error(), "--idle-timeout")
+			assert.Less(t, time.Since(start), 30*time.Second)
+		})
+	}
+}
+
+// TestIdleTimeoutRestartsOnCompletions: the idle timer bounds the time
+// between completions, not the run: a run longer than --idle-timeout
+// whose completions keep coming passes.
+func TestIdleTimeoutRestartsOnCompletions(t *testing.T) {
+	// About 1 ms per message of 1 MiB one at a time: well over 50 ms in
+	// all, far less between two completions.
+	r := runPair(t, WriteBW, Options{IdleTimeout: 50 * time.Millisecond},
+		Options{Params: Params{Size: 1 << 20, Iters: 300, TxDepth: 1, CQMod: 1}, IdleTimeout: 50 * time.Millisecond})
+	requireOK(t, r)
+}
