@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 
+	"github.com/softrdma/softrdma/internal/operr"
 	"github.com/softrdma/softrdma/transport"
 	"github.com/softrdma/softrdma/transport/wire"
 )
@@ -101,7 +102,7 @@ func (d *Device) CreateAH(pd *PD, attr AHAttr) (*AH, error) {
 		SL: attr.SL,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("softrdma: create AH: %w", err)
+		return nil, operr.Wrap("softrdma", "create AH", err)
 	}
 	return ah, nil
 }
@@ -110,7 +111,7 @@ func (d *Device) CreateAH(pd *PD, attr AHAttr) (*AH, error) {
 // already posted with it are sent; later posts refuse it (ErrBadAH).
 func (d *Device) DestroyAH(ah *AH) error {
 	if err := d.t.DestroyAH(ah); err != nil {
-		return fmt.Errorf("softrdma: destroy AH: %w", err)
+		return operr.Wrap("softrdma", "destroy AH", err)
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package softrdma
 import (
 	"fmt"
 
+	"github.com/softrdma/softrdma/internal/operr"
 	"github.com/softrdma/softrdma/placement"
 	"github.com/softrdma/softrdma/stag"
 	"github.com/softrdma/softrdma/transport"
@@ -97,7 +98,7 @@ func (d *Device) AllocMR(pd *PD, maxPages int) (*MR, error) {
 	defer release()
 	mr, err := d.place.AllocMR(pd.id, maxPages)
 	if err != nil {
-		return nil, fmt.Errorf("softrdma: alloc MR: %w", err)
+		return nil, operr.Wrap("softrdma", "alloc MR", err)
 	}
 	return mr, nil
 }
@@ -111,7 +112,7 @@ func (d *Device) AllocMR(pd *PD, maxPages int) (*MR, error) {
 // the pin limit.
 func (d *Device) MapMR(mr *MR, buf []byte) error {
 	if err := d.place.MapMR(mr, buf); err != nil {
-		return fmt.Errorf("softrdma: map MR: %w", err)
+		return operr.Wrap("softrdma", "map MR", err)
 	}
 	return nil
 }
@@ -126,7 +127,7 @@ func (d *Device) AllocMW(pd *PD, typ MWType) (*MW, error) {
 	defer release()
 	mw, err := d.place.AllocMW(pd.id, typ)
 	if err != nil {
-		return nil, fmt.Errorf("softrdma: alloc MW: %w", err)
+		return nil, operr.Wrap("softrdma", "alloc MW", err)
 	}
 	return mw, nil
 }
@@ -136,7 +137,7 @@ func (d *Device) AllocMW(pd *PD, typ MWType) (*MW, error) {
 // it any more. Errors: a window of another device or deallocated (EINVAL).
 func (d *Device) DeallocMW(mw *MW) error {
 	if err := d.place.DeallocMW(mw); err != nil {
-		return fmt.Errorf("softrdma: dealloc MW: %w", err)
+		return operr.Wrap("softrdma", "dealloc MW", err)
 	}
 	return nil
 }

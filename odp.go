@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/softrdma/softrdma/hostmem"
+	"github.com/softrdma/softrdma/internal/operr"
 	"github.com/softrdma/softrdma/pagetable"
 	"github.com/softrdma/softrdma/placement"
 	"github.com/softrdma/softrdma/transport"
@@ -141,11 +142,11 @@ func (d *Device) AddressSpace() (*hostmem.AddressSpace, error) {
 	}
 	as, err := hostmem.NewAddressSpace(hostmem.Config{})
 	if err != nil {
-		return nil, fmt.Errorf("softrdma: address space: %w", err)
+		return nil, operr.Wrap("softrdma", "address space", err)
 	}
 	if err := d.place.SetAddressSpace(as); err != nil {
 		_ = as.Close()
-		return nil, fmt.Errorf("softrdma: address space: %w", err)
+		return nil, operr.Wrap("softrdma", "address space", err)
 	}
 	d.odp.as, d.odp.own = as, true
 	return as, nil
@@ -181,11 +182,11 @@ func (d *Device) RegMRAddr(pd *PD, addr, length uint64, access Access) (*MR, err
 		return nil, err
 	}
 	if _, err := d.AddressSpace(); err != nil {
-		return nil, fmt.Errorf("softrdma: reg MR: %w", err)
+		return nil, operr.Wrap("softrdma", "reg MR", err)
 	}
 	mr, err := d.place.RegMRAddr(pd.id, addr, length, access)
 	if err != nil {
-		return nil, fmt.Errorf("softrdma: reg MR: %w", err)
+		return nil, operr.Wrap("softrdma", "reg MR", err)
 	}
 	return mr, nil
 }
@@ -200,11 +201,11 @@ func (d *Device) RegMRAddr(pd *PD, addr, length uint64, access Access) (*MR, err
 func (d *Device) AdviseMR(pd *PD, advice Advice, flags uint32, sgl []SGE) error {
 	release, err := d.usePD(pd)
 	if err != nil {
-		return fmt.Errorf("softrdma: advise MR: %w: %w", err, placement.ErrInvalid)
+		return operr.Wrap("softrdma", "advise MR", fmt.Errorf("%w: %w", err, placement.ErrInvalid))
 	}
 	defer release()
 	if err := d.place.AdviseMR(pd.id, advice, flags, sgl); err != nil {
-		return fmt.Errorf("softrdma: %w", err)
+		return operr.Wrap("softrdma", "advise MR", err)
 	}
 	return nil
 }

@@ -418,6 +418,8 @@ func TestODPBadInput(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			err := p.A.Dev.AdviseMR(p.A.PD, tc.advice, tc.flags, []softrdma.SGE{tc.sge})
 			require.ErrorIs(t, err, tc.errno)
+			require.Regexp(t, `^softrdma: advise MR: [^:]`, err.Error(), "one prefix")
+			require.NotContains(t, err.Error(), "placement: ", "one prefix")
 		})
 	}
 	// Another PD's lkey.
@@ -425,6 +427,11 @@ func TestODPBadInput(t *testing.T) {
 	require.NoError(t, err)
 	require.ErrorIs(t, p.A.Dev.AdviseMR(pd2, softrdma.AdvisePrefetch, 0, []softrdma.SGE{{Addr: odp.Addr(), Length: 16, LKey: odp.LKey()}}), unix.EFAULT)
 	require.Zero(t, odp.ODPTable().Present(), "failed advice made nothing present")
+	// A nil PD: ErrBadPD and EINVAL, "softrdma:" once.
+	err = p.A.Dev.AdviseMR(nil, softrdma.AdvisePrefetch, 0, []softrdma.SGE{{Addr: odp.Addr(), Length: 16, LKey: odp.LKey()}})
+	require.ErrorIs(t, err, softrdma.ErrBadPD)
+	require.ErrorIs(t, err, unix.EINVAL)
+	require.EqualError(t, err, "softrdma: advise MR: nil PD, a PD of another device, or a deallocated PD: invalid argument")
 }
 
 // TestODPAdvise: PREFETCH_WRITE with FLUSH makes the pages present and

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/softrdma/softrdma/internal/operr"
 	"github.com/softrdma/softrdma/placement"
 	"github.com/softrdma/softrdma/transport"
 )
@@ -86,7 +87,7 @@ func (d *Device) Suspend(scope Scope, mr *MR, policy PausePolicy) (*Suspension, 
 	}
 	s, err := d.t.Suspend(eff, mr, policy)
 	if err != nil {
-		return nil, fmt.Errorf("softrdma: suspend: %w", err)
+		return nil, operr.Wrap("softrdma", "suspend", err)
 	}
 	return &Suspension{s: s, Requested: scope, Scope: eff, Widened: widened}, nil
 }
@@ -160,13 +161,13 @@ func (d *Device) Remap(mr *MR, scope Scope, policy PausePolicy) (RemapReport, er
 	defer d.remapMu.Unlock()
 	rm, err := d.place.PrepareRemap(mr)
 	if err != nil {
-		return RemapReport{}, fmt.Errorf("softrdma: remap: %w", err)
+		return RemapReport{}, operr.Wrap("softrdma", "remap", err)
 	}
 	start := time.Now()
 	s, err := d.Suspend(scope, mr, policy)
 	if err != nil {
 		rm.Abort()
-		return RemapReport{}, fmt.Errorf("softrdma: remap: %w", err)
+		return RemapReport{}, operr.Wrap("softrdma", "remap", err)
 	}
 	cerr := rm.Commit()
 	sr, rerr := d.Resume(s)

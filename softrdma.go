@@ -20,6 +20,7 @@ import (
 	"sync/atomic"
 
 	"github.com/softrdma/softrdma/hostmem"
+	"github.com/softrdma/softrdma/internal/operr"
 	"github.com/softrdma/softrdma/placement"
 	"github.com/softrdma/softrdma/transport"
 	"github.com/softrdma/softrdma/transport/conn"
@@ -110,7 +111,7 @@ func Open(cfg Config) (*Device, error) {
 	if c != nil {
 		if cfg.Impair != nil {
 			if err := c.SetImpairment(cfg.Impair); err != nil {
-				return nil, fmt.Errorf("softrdma: open: %w", err)
+				return nil, operr.Wrap("softrdma", "open", err)
 			}
 		}
 		if cfg.Tap != nil {
@@ -136,7 +137,7 @@ func Open(cfg Config) (*Device, error) {
 		ActiveMTU: activeMTU(c.LocalAddr().Addr()), SourcePort: cfg.SourcePort})
 	if err != nil {
 		c.Close()
-		return nil, fmt.Errorf("softrdma: open: %w", err)
+		return nil, operr.Wrap("softrdma", "open", err)
 	}
 	profile := cfg.Profile
 	if profile == "" {
@@ -346,12 +347,12 @@ func (d *Device) RegMR(pd *PD, buf []byte, access Access) (*MR, error) {
 	}
 	if access&AccessOnDemand != 0 {
 		if _, err := d.AddressSpace(); err != nil {
-			return nil, fmt.Errorf("softrdma: reg MR: %w", err)
+			return nil, operr.Wrap("softrdma", "reg MR", err)
 		}
 	}
 	mr, err := d.place.RegMR(pd.id, buf, access)
 	if err != nil {
-		return nil, fmt.Errorf("softrdma: reg MR: %w", err)
+		return nil, operr.Wrap("softrdma", "reg MR", err)
 	}
 	return mr, nil
 }
@@ -374,7 +375,7 @@ func (d *Device) checkReg(pd *PD, access Access) error {
 // it and unpins it (ibv_dereg_mr).
 func (d *Device) DeregMR(mr *MR) error {
 	if err := d.place.DeregMR(mr); err != nil {
-		return fmt.Errorf("softrdma: dereg MR: %w", err)
+		return operr.Wrap("softrdma", "dereg MR", err)
 	}
 	return nil
 }
@@ -405,7 +406,7 @@ func (d *Device) CreateQP(pd *PD, init QPInitAttr) (*QP, error) {
 	defer release()
 	qp, err := d.t.CreateQP(pd.id, &init)
 	if err != nil {
-		return nil, fmt.Errorf("softrdma: create QP: %w", err)
+		return nil, operr.Wrap("softrdma", "create QP", err)
 	}
 	return qp, nil
 }
@@ -425,7 +426,7 @@ func (d *Device) CreateGSIQP(pd *PD, init QPInitAttr) (*QP, error) {
 	init.Type = QPTypeUD
 	qp, err := d.t.CreateGSIQP(pd.id, &init)
 	if err != nil {
-		return nil, fmt.Errorf("softrdma: create GSI QP: %w", err)
+		return nil, operr.Wrap("softrdma", "create GSI QP", err)
 	}
 	return qp, nil
 }

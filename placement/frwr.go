@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"unsafe"
 
+	"github.com/softrdma/softrdma/internal/operr"
 	"github.com/softrdma/softrdma/pagetable"
 	"github.com/softrdma/softrdma/stag"
 )
@@ -34,7 +35,7 @@ func (e *Engine) AllocMR(pd uint32, maxPages int) (*MR, error) {
 	mr.life.frwr, mr.life.maxPages = true, maxPages
 	ent, err := e.mrs.Alloc(pd, 0, 0, 0, mr)
 	if err != nil {
-		return nil, fmt.Errorf("placement: alloc MR: %w", err)
+		return nil, operr.Wrap("placement", "alloc MR", err)
 	}
 	mr.entry, mr.key = ent, ent.STag
 	return mr, nil
@@ -69,7 +70,7 @@ func (e *Engine) MapMR(mr *MR, buf []byte) error {
 	}
 	table, err := e.pinTable(iova, buf, true)
 	if err != nil {
-		return fmt.Errorf("placement: map MR: %w", err)
+		return operr.Wrap("placement", "map MR", err)
 	}
 	e.life.mu.Lock()
 	if err := e.checkMapLocked(mr, len(buf)); err != nil {
@@ -84,7 +85,7 @@ func (e *Engine) MapMR(mr *MR, buf []byte) error {
 	e.life.mu.Unlock()
 	if old != nil {
 		if err := old.Release(); err != nil {
-			return fmt.Errorf("placement: map MR: releasing the old mapping: %w", err)
+			return operr.Wrap("placement", "map MR: releasing the old mapping", err)
 		}
 	}
 	return nil
@@ -105,7 +106,7 @@ func (e *Engine) checkMapLocked(mr *MR, n int) error {
 	case n == 0:
 		return fmt.Errorf("placement: map MR: empty buffer: %w", ErrInvalid)
 	case mr.life.valid || mr.life.busy != nil:
-		return fmt.Errorf("placement: map MR: the MR is registered (invalidate it first): %w", ErrBusy)
+		return operr.Wrap("placement", "map MR: the MR is registered (invalidate it first)", ErrBusy)
 	}
 	return nil
 }
@@ -137,7 +138,7 @@ func (e *Engine) pinTable(iova uint64, buf []byte, writable bool) (*pagetable.Ta
 func (e *Engine) FastReg(pd uint32, mr *MR, key uint32, access stag.Access) error {
 	bad := func(why string) error { return fmt.Errorf("placement: REG_MR: %s: %w", why, ErrInvalid) }
 	if err := checkAccess(false, access); err != nil {
-		return fmt.Errorf("placement: REG_MR: %w", err)
+		return operr.Wrap("placement", "REG_MR", err)
 	}
 	if access&stag.AccessOnDemand != 0 {
 		return bad("ON_DEMAND")
@@ -150,7 +151,7 @@ func (e *Engine) FastReg(pd uint32, mr *MR, key uint32, access stag.Access) erro
 	case !mr.life.frwr:
 		return bad("not a fast-registration MR (AllocMR)")
 	case mr.life.busy != nil:
-		return fmt.Errorf("placement: REG_MR: %w", ErrBusy)
+		return operr.Wrap("placement", "REG_MR", ErrBusy)
 	case mr.life.valid:
 		return bad("the MR is registered (invalidate it first)")
 	case mr.entry.PD != pd:

@@ -7,6 +7,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/softrdma/softrdma/internal/operr"
 	"github.com/softrdma/softrdma/stag"
 )
 
@@ -202,7 +203,7 @@ func (e *Engine) AllocMW(pd uint32, typ MWType) (*MW, error) {
 	}
 	ent, err := e.mrs.Alloc(pd, 0, 0, 0, nil)
 	if err != nil {
-		return nil, fmt.Errorf("placement: alloc MW: %w", err)
+		return nil, operr.Wrap("placement", "alloc MW", err)
 	}
 	w := &MW{eng: e, typ: typ, pd: pd, key: ent.STag, entry: ent, posted: ent.STag}
 	e.life.mu.Lock()
@@ -286,7 +287,7 @@ func (e *Engine) checkBind(pd uint32, w *MW, rkey uint32, b *BindInfo) error {
 	case stag.STag(rkey).Index() != w.key.Index():
 		return bad("the new rkey names another index (only the key byte may change)")
 	case w.busy != nil:
-		return fmt.Errorf("placement: bind MW: %w", ErrBusy)
+		return operr.Wrap("placement", "bind MW", ErrBusy)
 	case b.Access&^windowAccess != 0:
 		return bad(fmt.Sprintf("access %v (only REMOTE_READ, REMOTE_WRITE, REMOTE_ATOMIC, ZERO_BASED)", b.Access))
 	case w.pd != pd:
@@ -310,7 +311,7 @@ func (e *Engine) checkBind(pd uint32, w *MW, rkey uint32, b *BindInfo) error {
 	case mr.PD() != w.pd:
 		return bad("the MR's PD is not the window's")
 	case mr.life.busy != nil:
-		return fmt.Errorf("placement: bind MW: MR: %w", ErrBusy)
+		return operr.Wrap("placement", "bind MW: MR", ErrBusy)
 	case mr.life.frwr && !mr.life.valid:
 		return bad("the MR is not registered (invalidated fast-registration MR)")
 	case mr.Access()&stag.AccessZeroBased != 0:
@@ -475,7 +476,7 @@ func (e *Engine) Invalidate(pd, qpn, key uint32, remote bool) (*Invalidation, er
 	case remote && ent.Access&stag.AccessRemote == 0:
 		return nil, bad("the MR grants no remote access: its key is no R_Key")
 	case mr.life.windows > 0:
-		return nil, fmt.Errorf("placement: invalidate %v: %w", stag.STag(key), ErrMWBound)
+		return nil, operr.Wrap("placement", fmt.Sprintf("invalidate %v", stag.STag(key)), ErrMWBound)
 	case mr.life.busy != nil:
 		return &Invalidation{other: mr.life.busy}, nil
 	case !mr.life.valid:
@@ -505,7 +506,7 @@ func (e *Engine) beginDereg(mr *MR) error {
 		e.life.mu.Lock()
 	}
 	if mr.life.windows > 0 {
-		return fmt.Errorf("placement: dereg MR: %w", ErrMWBound)
+		return operr.Wrap("placement", "dereg MR", ErrMWBound)
 	}
 	if !mr.dead.CompareAndSwap(false, true) {
 		return ErrDeregistered

@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/softrdma/softrdma/hostmem"
+	"github.com/softrdma/softrdma/internal/operr"
 	"github.com/softrdma/softrdma/pagetable"
 	"github.com/softrdma/softrdma/stag"
 )
@@ -215,7 +216,7 @@ func (e *Engine) regODP(pd uint32, addr, length uint64, buf []byte, access stag.
 	ent, err := e.mrs.Alloc(pd, addr, length, access, mr)
 	if err != nil {
 		_ = t.Release()
-		return nil, fmt.Errorf("placement: reg MR: %w", err)
+		return nil, operr.Wrap("placement", "reg MR", err)
 	}
 	mr.entry, mr.key = ent, ent.STag
 	if err := e.mrs.Validate(ent.STag); err != nil {

@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/softrdma/softrdma/hostmem"
+	"github.com/softrdma/softrdma/internal/operr"
 	"github.com/softrdma/softrdma/pagetable"
 	"github.com/softrdma/softrdma/stag"
 )
@@ -184,13 +185,13 @@ func (e *Engine) RegMR(pd uint32, buf []byte, access stag.Access) (*MR, error) {
 		table, err = pagetable.NewPinned(iova, buf, &e.space, e.pins, access&stag.AccessLocalWrite != 0)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("placement: reg MR: %w", err)
+		return nil, operr.Wrap("placement", "reg MR", err)
 	}
 	mr := &MR{table: table, buf: buf, eng: e}
 	ent, err := e.mrs.Alloc(pd, iova, uint64(len(buf)), access, mr)
 	if err != nil {
 		_ = table.Release()
-		return nil, fmt.Errorf("placement: reg MR: %w", err)
+		return nil, operr.Wrap("placement", "reg MR", err)
 	}
 	mr.entry, mr.key = ent, ent.STag
 	// A pinned region with contiguous frames (always, for a Go slice or a
@@ -244,7 +245,7 @@ func (e *Engine) DeregMR(mr *MR) error {
 		err = mr.table.Release()
 	}
 	if err != nil {
-		return fmt.Errorf("placement: dereg MR: %w", err)
+		return operr.Wrap("placement", "dereg MR", err)
 	}
 	return nil
 }

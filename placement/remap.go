@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/softrdma/softrdma/hostmem"
+	"github.com/softrdma/softrdma/internal/operr"
 	"github.com/softrdma/softrdma/pagetable"
 )
 
@@ -65,7 +66,7 @@ func (e *Engine) PrepareRemap(mr *MR) (*Remapping, error) {
 		t.StartTracking()
 		if r.m, err = e.asSet.Load().PrepareMigrate(first, n); err != nil {
 			t.StopTracking()
-			return nil, fmt.Errorf("placement: remap: %w", err)
+			return nil, operr.Wrap("placement", "remap", err)
 		}
 	case mr.table != nil && mr.table.FramePin() != nil:
 		if err := e.mrs.ClearLinear(mr.key); err != nil {
@@ -76,7 +77,7 @@ func (e *Engine) PrepareRemap(mr *MR) (*Remapping, error) {
 		mr.table.StartTracking()
 		if r.m, err = mr.table.FramePin().PrepareMigrate(); err != nil {
 			r.restoreLinear()
-			return nil, fmt.Errorf("placement: remap: %w", err)
+			return nil, operr.Wrap("placement", "remap", err)
 		}
 	default:
 		return nil, ErrNotRemappable
@@ -109,13 +110,13 @@ func (e *Engine) PrepareRemap(mr *MR) (*Remapping, error) {
 		if r.mirror, err = mr.table.NewMirror(r.m.New); err != nil {
 			r.m.Abort()
 			r.restoreLinear()
-			return nil, fmt.Errorf("placement: remap: %w", err)
+			return nil, operr.Wrap("placement", "remap", err)
 		}
 	} else {
 		if r.odpMirror, err = mr.odp.t.NewMirror(r.m.Addr, r.m.New); err != nil {
 			r.m.Abort()
 			mr.odp.t.StopTracking()
-			return nil, fmt.Errorf("placement: remap: %w", err)
+			return nil, operr.Wrap("placement", "remap", err)
 		}
 		// The view switch (after the resume, in Finish) takes tens of
 		// µs cold: run its system calls once now, so that Finish's run
@@ -178,7 +179,7 @@ func (r *Remapping) Commit() error {
 		err := r.m.CommitCopyExclusive(copyDirty, t.Subscription())
 		t.StopTracking()
 		if err != nil {
-			return fmt.Errorf("placement: remap: %w", err)
+			return operr.Wrap("placement", "remap", err)
 		}
 		if err := t.StartMirror(r.odpMirror); err != nil {
 			// Cannot happen (one remap of an MR at a time): switch
@@ -190,7 +191,7 @@ func (r *Remapping) Commit() error {
 	}
 	if err := r.m.CommitCopyExclusive(copyDirty, nil); err != nil {
 		r.restoreLinear()
-		return fmt.Errorf("placement: remap: %w", err)
+		return operr.Wrap("placement", "remap", err)
 	}
 	if err := mr.table.StartMirror(r.mirror); err != nil {
 		// Cannot happen (a pinned table with tracking on): the view
@@ -230,7 +231,7 @@ func (r *Remapping) switchView() error {
 		// writing; the mirror has ended and its copies are done, so
 		// Release may give the new frames back.
 		if err := mr.odp.t.SwitchMirrored(r.m.SwitchView); err != nil {
-			return fmt.Errorf("placement: remap: %w", err)
+			return operr.Wrap("placement", "remap", err)
 		}
 		return nil
 	}
@@ -242,10 +243,10 @@ func (r *Remapping) switchView() error {
 		r.e.mrs.Synchronize()
 		mr.entry.Drain()
 		r.restoreLinear()
-		return fmt.Errorf("placement: remap: %w", err)
+		return operr.Wrap("placement", "remap", err)
 	}
 	if err := mr.table.SwitchFrames(mr.table.FramePin().Frames()); err != nil {
-		return fmt.Errorf("placement: remap: %w", err)
+		return operr.Wrap("placement", "remap", err)
 	}
 	// Copies that loaded the mirror before the switch may still write the
 	// old frames: wait for them before Release gives those back.
@@ -253,7 +254,7 @@ func (r *Remapping) switchView() error {
 	mr.entry.Drain()
 	if flat, writable := mr.table.Linear(); flat != nil {
 		if err := r.e.mrs.SetLinear(mr.key, &flat[0], writable); err != nil {
-			return fmt.Errorf("placement: remap: %w", err)
+			return operr.Wrap("placement", "remap", err)
 		}
 	}
 	return nil

@@ -10,6 +10,7 @@ import (
 	hdrhistogram "github.com/HdrHistogram/hdrhistogram-go"
 
 	"github.com/softrdma/softrdma/hostmem"
+	"github.com/softrdma/softrdma/internal/operr"
 	"github.com/softrdma/softrdma/pagetable"
 	"github.com/softrdma/softrdma/stag"
 )
@@ -190,7 +191,7 @@ func (e *Engine) ReregMR(mr *MR, flags ReregFlags, pd uint32, buf []byte, access
 		if err != nil {
 			// The new registration is in place; only the old
 			// memory's release failed.
-			return fmt.Errorf("placement: rereg MR: releasing the old memory: %w", err)
+			return operr.Wrap("placement", "rereg MR: releasing the old memory", err)
 		}
 	}
 	return nil

@@ -141,6 +141,8 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"nope"}, "unexpected argument"},
 		{[]string{"write-bw", "--impair", "loss=2", "h"}, "not a probability"},
 		{[]string{"write-bw", "--impair", "foo=1", "h"}, `unknown key "foo"`},
+		{[]string{"write-bw", "--impair", "delay=10h", "h"}, "conn: impairment delay=10h0m0s: at most 10s"},
+		{[]string{"demo", "--impair", "jitter=1m"}, "conn: impairment jitter=1m0s: at most 10s"},
 		{[]string{"write-bw", "--bind", "999.1.1.1", "h"}, "want IP or IP:port"},
 		{[]string{"write-bw", "--bind", "127.0.0.1:99999", "h"}, "bad port"},
 		{[]string{"write-bw", "-p", "65536", "h"}, "the port must be 1 to 65535"},

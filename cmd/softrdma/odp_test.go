@@ -48,6 +48,11 @@ func TestODPFlags(t *testing.T) {
 		{[]string{"write-bw", "--fault-policy", "rnr"}, "--fault-policy applies to faults on ODP MRs"},
 		{[]string{"write-bw", "-o", "--fault-policy", "later"}, `--fault-policy "later"`},
 		{[]string{"write-bw", "-o", "--odp-budget", "lots"}, "not a size"},
+		// Below pagetable.MinBudgetPages the device would raise the
+		// budget silently: refused instead, naming the floor.
+		{[]string{"write-bw", "-o", "--odp-budget", "8K"}, "--odp-budget 8K: must be at least 64K (16 pages), or 0 for no limit"},
+		{[]string{"read-bw", "-o", "--odp-budget", "65535", "h"}, "--odp-budget 65535: must be at least 64K (16 pages)"},
+		{[]string{"write-lat", "-O", "--odp-budget", "1"}, "--odp-budget 1: must be at least 64K"},
 	} {
 		code, _, stderr := runCLI(t, tc.args...)
 		assert.Equal(t, exitUsage, code, tc.args)

@@ -50,6 +50,12 @@ const (
 	DefaultReorderHold = time.Millisecond
 )
 
+// MaxImpairDelay bounds Delay, Jitter and ReorderHold: a packet held longer
+// than any retransmission timeout (the longest, -u 31, aside) is as good as
+// lost, so a longer delay makes no experiment — and it would pin the
+// packet's buffer for that long.
+const MaxImpairDelay = 10 * time.Second
+
 // Validate reports whether every field is in range.
 func (m *Impairment) Validate() error {
 	for _, p := range []struct {
@@ -69,6 +75,12 @@ func (m *Impairment) Validate() error {
 		return fmt.Errorf("conn: impairment reorder-gap=%d: negative", m.ReorderGap)
 	case m.ReorderHold < 0:
 		return fmt.Errorf("conn: impairment reorder-hold=%v: negative", m.ReorderHold)
+	case m.Delay > MaxImpairDelay:
+		return fmt.Errorf("conn: impairment delay=%v: at most %v", m.Delay, MaxImpairDelay)
+	case m.Jitter > MaxImpairDelay:
+		return fmt.Errorf("conn: impairment jitter=%v: at most %v", m.Jitter, MaxImpairDelay)
+	case m.ReorderHold > MaxImpairDelay:
+		return fmt.Errorf("conn: impairment reorder-hold=%v: at most %v", m.ReorderHold, MaxImpairDelay)
 	case m.Dir&^DirBoth != 0:
 		return fmt.Errorf("conn: impairment dir=%d: not tx, rx or both", m.Dir)
 	}

@@ -12,7 +12,13 @@ import (
 	"github.com/softrdma/softrdma"
 	"github.com/softrdma/softrdma/cmd/softrdma/internal/report"
 	"github.com/softrdma/softrdma/hostmem"
+	"github.com/softrdma/softrdma/pagetable"
 )
+
+// MinBudget is the smallest --odp-budget other than 0 (unlimited):
+// pagetable.MinBudgetPages pages, which the device would raise a smaller
+// budget to.
+const MinBudget = pagetable.MinBudgetPages * pagetable.PageSize
 
 // Options choose how a side registers its buffer: pinned (the zero
 // value), on demand, or through an implicit ODP MR.
@@ -48,6 +54,9 @@ func (o *Options) Validate() error {
 	switch {
 	case o.Budget < 0:
 		return fmt.Errorf("--odp-budget %d: must be 0 or more bytes", o.Budget)
+	case o.Budget > 0 && o.Budget < MinBudget:
+		return fmt.Errorf("--odp-budget %s: must be at least %s (%d pages), or 0 for no limit",
+			sizeString(o.Budget), sizeString(MinBudget), pagetable.MinBudgetPages)
 	case o.Enabled():
 		return nil
 	case o.Prefetch:
@@ -58,6 +67,18 @@ func (o *Options) Validate() error {
 		return errors.New("--fault-policy applies to faults on ODP MRs: add --odp or --iodp")
 	}
 	return nil
+}
+
+// sizeString writes n as the flag's syntax does: a multiple of 1 KiB or
+// 1 MiB with its suffix, or else in bytes.
+func sizeString(n int64) string {
+	switch {
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return fmt.Sprintf("%dM", n>>20)
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return fmt.Sprintf("%dK", n>>10)
+	}
+	return fmt.Sprint(n)
 }
 
 // Configure sets the device options that follow from o: the ODP budget

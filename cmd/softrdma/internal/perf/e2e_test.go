@@ -349,6 +349,23 @@ func TestJSONOutput(t *testing.T) {
 	assert.Contains(t, r.srvOut, `"side": "server"`)
 }
 
+// TestJSONOutputLat: a latency tool's --json rows are in microseconds and
+// its unit says so on both sides, not the BW tools' MB/sec.
+func TestJSONOutputLat(t *testing.T) {
+	r := runPair(t, WriteLat, Options{JSON: true}, Options{JSON: true, Params: Params{Iters: 20}})
+	requireOK(t, r)
+	for _, out := range []string{r.cliOut, r.srvOut} {
+		var j report.JSON
+		require.NoError(t, json.Unmarshal([]byte(out), &j), out)
+		assert.Equal(t, "usec", j.Unit, out)
+		assert.Empty(t, j.BW, out)
+	}
+	var j report.JSON
+	require.NoError(t, json.Unmarshal([]byte(r.cliOut), &j), r.cliOut)
+	require.Len(t, j.Lat, 1)
+	assert.Positive(t, j.Lat[0].Avg)
+}
+
 func TestMismatchedTools(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)

@@ -31,9 +31,11 @@ func (s *session) setupODP(n int) error {
 }
 
 // warnRNRBudget warns when the rnr fault policy meets messages with more
-// pages than the ODP budget: the responder's background fault of such a
-// message's range evicts the range's first pages before the requester's
-// retry reaches them, so the message is NAKed again and again.
+// pages than the ODP budget: the responder's background fault resolves at
+// most half the budget ahead of the faulting packet (more would evict the
+// range's first pages before the requester's retry reaches them), so such
+// a message completes, but through an RNR NAK and a retry of the rest of
+// the message every half budget: slowly.
 func (s *session) warnRNRBudget() {
 	b := s.dev.ODPBudget()
 	if s.o.ODP.FaultPolicy != "rnr" || b == nil || b.Limit() == 0 {
@@ -45,7 +47,8 @@ func (s *session) warnRNRBudget() {
 	}
 	if pages := (maxSize + pageSize - 1) / pageSize; pages > b.Limit() {
 		s.logf("softrdma: warning: --fault-policy rnr with messages of %d pages over an --odp-budget of %d pages: "+
-			"WRITEs into this side may never complete (use --fault-policy sync or a larger budget)", pages, b.Limit())
+			"a WRITE into this side is faulted in %d pages at a time, with an RNR NAK and a retry each: expect low bandwidth "+
+			"(--fault-policy sync or a larger budget avoids it)", pages, b.Limit(), max(b.Limit()/2, 1))
 	}
 }
 

@@ -91,7 +91,7 @@ func Run(ctx context.Context, o *Options) (*Result, error) {
 	if o.ReportGbits {
 		s.unit = report.Gbps
 	}
-	s.json = report.JSON{Tool: o.Test.String(), Side: "client", Unit: s.unit.String()}
+	s.json = report.JSON{Tool: o.Test.String(), Side: "client", Unit: s.unit.JSONUnit(o.Test.IsLat())}
 	if s.server {
 		s.json.Side = "server"
 	}

@@ -36,6 +36,19 @@ func (u Unit) String() string {
 	return "MB/sec"
 }
 
+// LatUnit is the unit of a latency tool's JSON report: its rows' times
+// are in microseconds (perftest's usec), whatever --report_gbits says.
+const LatUnit = "usec"
+
+// JSONUnit is JSON.Unit for a tool's report: u for a bandwidth tool,
+// LatUnit for a latency tool (lat).
+func (u Unit) JSONUnit(lat bool) string {
+	if lat {
+		return LatUnit
+	}
+	return u.String()
+}
+
 // Line is perftest's RESULT_LINE.
 const Line = "---------------------------------------------------------------------------------------"
 
@@ -175,7 +188,7 @@ func stdev(sum, sumSq float64, n int64) float64 {
 type JSON struct {
 	Tool     string            `json:"tool"`               // e.g. "write-bw"
 	Side     string            `json:"side"`               // "server" or "client"
-	Unit     string            `json:"unit,omitempty"`     // BW unit: "MB/sec" or "Gb/sec"
+	Unit     string            `json:"unit,omitempty"`     // of the rows: "MB/sec" or "Gb/sec" (BW), "usec" (latency)
 	MTU      int               `json:"mtu"`                // path MTU in bytes
 	QPs      int               `json:"qps"`                // number of QPs
 	BW       []BWJSON          `json:"bw,omitempty"`       // one row per size

@@ -119,3 +119,12 @@ func TestJSONRows(t *testing.T) {
 	assert.Equal(t, "MB/sec", back["unit"])
 	assert.NotContains(t, back, "lat")
 }
+
+// TestJSONUnit: a latency report's unit is its rows' (usec), not a
+// bandwidth unit, with or without --report_gbits.
+func TestJSONUnit(t *testing.T) {
+	assert.Equal(t, "MB/sec", MBps.JSONUnit(false))
+	assert.Equal(t, "Gb/sec", Gbps.JSONUnit(false))
+	assert.Equal(t, "usec", MBps.JSONUnit(true))
+	assert.Equal(t, "usec", Gbps.JSONUnit(true))
+}
