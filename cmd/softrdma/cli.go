@@ -68,7 +68,7 @@ type toolCmd struct {
 
 	// perftest interoperability (docs/interop.md).
 	ConnectTimeout time.Duration `name:"connect-timeout" placeholder:"DURATION" help:"Client: keep retrying a refused connection for this long (default: one attempt, as perftest)."`
-	IdleTimeout    time.Duration `name:"idle-timeout" default:"10s" placeholder:"DURATION" help:"With -n, fail when no completion arrives for this long (each one restarts it): the QPs retry for ever (retry_cnt 7, as rxe), so a dead peer or path would hang the run (0: wait for ever, as perftest). At most 24h."`
+	IdleTimeout    time.Duration `name:"idle-timeout" default:"10s" placeholder:"DURATION" help:"With -n, fail when no completion arrives for this long (each one restarts it): the QPs retry for ever (retry_cnt 7, as rxe), so a dead peer or path would hang the run (0: wait for ever, as perftest). 100ms to 24h."`
 	Stat           bool          `name:"stat" help:"Print the device's non-zero counters at the end (as rc-pingpong --stat)."`
 	MaxMem         msgSize       `name:"max-mem" placeholder:"BYTES" help:"Most bytes of buffers this side allocates (-q × the region of -s); a server takes -s and -q from its client. Default: 4G."`
 	Perftest       bool          `name:"perftest" help:"Speak perftest's exchange byte for byte even to a softrdma peer (a stock ib_write_bw, ib_read_bw, ... peer is detected without it); both sides then need the same -s, -n, -q, -A."`
@@ -117,6 +117,20 @@ func checkTimeout(flag string, d time.Duration) error {
 	return nil
 }
 
+// minIdleTimeout is the shortest --idle-timeout other than 0: a shorter
+// one cuts healthy runs (a completion can take longer than that on a busy
+// host) and blames the peer, as -D's minimum does for durations.
+const minIdleTimeout = 100 * time.Millisecond
+
+// checkIdleTimeout is checkTimeout for --idle-timeout: 0 (wait for ever)
+// or at least minIdleTimeout.
+func checkIdleTimeout(flag string, d time.Duration) error {
+	if d > 0 && d < minIdleTimeout {
+		return fmt.Errorf("%s %v: must be 0 (wait for ever) or at least %v", flag, d, minIdleTimeout)
+	}
+	return checkTimeout(flag, d)
+}
+
 // checkPcap refuses a --pcap that cannot be written (checkWritable), for
 // every tool before it opens a device, waits for a peer or connects: a
 // bad command line (exit 2). An empty path (no --pcap) passes.
@@ -138,7 +152,7 @@ func (c *toolCmd) options(test perf.Test) (*perf.Options, error) {
 	if err := checkTimeout("--connect-timeout", c.ConnectTimeout); err != nil {
 		return nil, err
 	}
-	if err := checkTimeout("--idle-timeout", c.IdleTimeout); err != nil {
+	if err := checkIdleTimeout("--idle-timeout", c.IdleTimeout); err != nil {
 		return nil, err
 	}
 	if c.Port < 1 || c.Port > 65535 {

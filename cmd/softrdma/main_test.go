@@ -198,6 +198,8 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"read-bw", "--connect-timeout", "100000h", "h"}, "--connect-timeout 100000h0m0s: at most 24h0m0s"},
 		{[]string{"write-bw", "--idle-timeout=-1s", "h"}, "--idle-timeout -1s: must not be negative"},
 		{[]string{"send-lat", "--idle-timeout", "100000h"}, "--idle-timeout 100000h0m0s: at most 24h0m0s"},
+		{[]string{"write-bw", "--idle-timeout", "1ms", "h"}, "--idle-timeout 1ms: must be 0 (wait for ever) or at least 100ms"},
+		{[]string{"read-lat", "--idle-timeout", "1ns"}, "--idle-timeout 1ns: must be 0 (wait for ever) or at least 100ms"},
 		{[]string{"rc-pingpong", "--connect-timeout=-1s", "h"}, "rc-pingpong: --connect-timeout -1s: must not be negative"},
 		{[]string{"ud-pingpong", "--connect-timeout=-1s", "h"}, "ud-pingpong: --connect-timeout -1s: must not be negative"},
 		{[]string{"uc-pingpong", "--idle-timeout=-1s"}, "uc-pingpong: --idle-timeout -1s: must not be negative"},

@@ -50,7 +50,8 @@ const (
 	DefaultReorderHold = time.Millisecond
 )
 
-// MaxImpairDelay bounds Delay, Jitter and ReorderHold: a packet held longer
+// MaxImpairDelay bounds Delay, Jitter, their sum (the longest a packet is
+// held) and ReorderHold: a packet held longer
 // than any retransmission timeout (the longest, -u 31, aside) is as good as
 // lost, so a longer delay makes no experiment — and it would pin the
 // packet's buffer for that long.
@@ -79,6 +80,8 @@ func (m *Impairment) Validate() error {
 		return fmt.Errorf("conn: impairment delay=%v: at most %v", m.Delay, MaxImpairDelay)
 	case m.Jitter > MaxImpairDelay:
 		return fmt.Errorf("conn: impairment jitter=%v: at most %v", m.Jitter, MaxImpairDelay)
+	case m.Delay+m.Jitter > MaxImpairDelay:
+		return fmt.Errorf("conn: impairment delay=%v,jitter=%v: a packet may be held delay+jitter, at most %v", m.Delay, m.Jitter, MaxImpairDelay)
 	case m.ReorderHold > MaxImpairDelay:
 		return fmt.Errorf("conn: impairment reorder-hold=%v: at most %v", m.ReorderHold, MaxImpairDelay)
 	case m.Dir&^DirBoth != 0:

@@ -29,7 +29,8 @@ func TestParseImpairment(t *testing.T) {
 		{in: "delay=1ms,jitter=500us,delay-prob=0.5,dir=rx", want: &conn.Impairment{Delay: time.Millisecond, Jitter: 500 * time.Microsecond, DelayProb: 0.5, Dir: conn.DirRx}},
 		{in: "reorder=0.1,reorder-gap=5,reorder-hold=2ms,seed=0x10", want: &conn.Impairment{Reorder: 0.1, ReorderGap: 5, ReorderHold: 2 * time.Millisecond, Seed: 16, Dir: conn.DirBoth}},
 		{in: "loss=0,corrupt=1", want: &conn.Impairment{Corrupt: 1, Dir: conn.DirBoth}},
-		{in: "delay=10s,jitter=10s", want: &conn.Impairment{Delay: 10 * time.Second, Jitter: 10 * time.Second, Dir: conn.DirBoth}}, // the bound
+		{in: "delay=6s,jitter=4s", want: &conn.Impairment{Delay: 6 * time.Second, Jitter: 4 * time.Second, Dir: conn.DirBoth}}, // the bound
+		{in: "delay=10s", want: &conn.Impairment{Delay: 10 * time.Second, Dir: conn.DirBoth}},
 		// Unknown, malformed, repeated.
 		{in: "lose=0.1", err: `unknown key "lose"`},
 		{in: "loss", err: "want key=value"},
@@ -48,6 +49,7 @@ func TestParseImpairment(t *testing.T) {
 		{in: "delay=10001ms", err: "at most 10s"},
 		{in: "jitter=1m", err: "jitter=1m0s: at most 10s"},
 		{in: "reorder-hold=11s", err: "reorder-hold=11s: at most 10s"},
+		{in: "delay=6s,jitter=5s", err: "delay=6s,jitter=5s: a packet may be held delay+jitter, at most 10s"},
 	} {
 		got, err := conn.ParseImpairment(tc.in)
 		if tc.err != "" {

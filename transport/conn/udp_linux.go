@@ -109,7 +109,7 @@ func Listen(cfg Config) (*UDPConn, error) {
 	}
 	pc, err := net.ListenUDP(network, net.UDPAddrFromAddrPort(netip.AddrPortFrom(ip, cfg.Addr.Port())))
 	if err != nil {
-		return nil, fmt.Errorf("conn: listen: %w", err)
+		return nil, fmt.Errorf("conn: %w", err) // net says "listen udp4 ADDR: ..."
 	}
 	la := pc.LocalAddr().(*net.UDPAddr).AddrPort()
 	local := netip.AddrPortFrom(la.Addr().Unmap(), la.Port())
