@@ -139,9 +139,11 @@ func TestIdleTimeoutBoundsADeadPath(t *testing.T) {
 // between completions, not the run: a run longer than --idle-timeout
 // whose completions keep coming passes.
 func TestIdleTimeoutRestartsOnCompletions(t *testing.T) {
-	// About 1 ms per message of 1 MiB one at a time: well over 50 ms in
-	// all, far less between two completions.
-	r := runPair(t, WriteBW, Options{IdleTimeout: 50 * time.Millisecond},
-		Options{Params: Params{Size: 1 << 20, Iters: 300, TxDepth: 1, CQMod: 1}, IdleTimeout: 50 * time.Millisecond})
+	// About 1 ms per message of 1 MiB one at a time (more with -race): 0.6 s or more in all,
+	// well over the limit, and far less between two completions. (A limit
+	// of 50 ms was tripped once by a stall of the loaded, race-enabled
+	// suite: the limit must be far above any pause between completions.)
+	r := runPair(t, WriteBW, Options{IdleTimeout: 400 * time.Millisecond},
+		Options{Params: Params{Size: 1 << 20, Iters: 600, TxDepth: 1, CQMod: 1}, IdleTimeout: 400 * time.Millisecond})
 	requireOK(t, r)
 }
