@@ -136,7 +136,7 @@ func (s *session) bwClientRun(ctx context.Context, size int64) (report.BW, []int
 		s.ptVerifyDone(size, total)
 	}
 	r := report.BW{Bytes: size, Iterations: total, Elapsed: last.Sub(start)}
-	r.PeakBps = peak.Peak(r.AvgBps())
+	r.PeakBps = durationPeak(&s.p, peak, r.AvgBps())
 	return r, done, nil
 }
 
@@ -280,18 +280,19 @@ func (s *session) sendBWServer(ctx context.Context, size int64, target func() (i
 		}
 	}
 	r := report.BW{Bytes: size, Iterations: total, Elapsed: last.Sub(start)}
-	r.PeakBps = recvPeak(&s.p, peak, r.AvgBps())
+	r.PeakBps = durationPeak(&s.p, peak, r.AvgBps())
 	return r, nil
 }
 
-// recvPeak is the BW peak the send-bw receiver reports, given its tracker
-// and the run's average rate. A -D run reports none (0.00), as perftest
-// does: its -D forces -N (noPeak), so print_report_bw's peak is 0. On the
-// receiver the times the tracker sees are those of its polls, and a -D
-// run's window (tx-depth messages) is shorter than the backlog rx-depth
-// lets queue in the CQ: a backlog drained in a burst of polls a few
-// microseconds apart counted as a rate of tens of GB/s.
-func recvPeak(p *Params, peak *report.PeakTracker, avg float64) float64 {
+// durationPeak is the BW peak a side reports, given its tracker and the
+// run's average rate. A -D run reports none (0.00) on either side, as
+// perftest does: its -D forces -N (noPeak), so print_report_bw's peak is
+// 0. (On the send-bw receiver it was also wrong: the times the tracker
+// sees are those of its polls, and a -D run's window, tx-depth messages,
+// is shorter than the backlog rx-depth lets queue in the CQ, so a backlog
+// drained in a burst of polls a few microseconds apart counted as a rate
+// of tens of GB/s.)
+func durationPeak(p *Params, peak *report.PeakTracker, avg float64) float64 {
 	if p.Duration > 0 {
 		return 0
 	}

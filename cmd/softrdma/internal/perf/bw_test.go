@@ -46,11 +46,11 @@ func TestSendBWServerPeakDuration(t *testing.T) {
 	// What the tracker makes of the bursts: far above the true rate.
 	assert.Greater(t, tr.Peak(avg), 20*avg)
 	// What the receiver reports in a -D run: no peak, as perftest.
-	assert.Zero(t, recvPeak(&p, tr, avg))
+	assert.Zero(t, durationPeak(&p, tr, avg))
 
 	// An -n run still reports the tracker's peak.
 	p.Duration, p.Iters = 0, 5000
 	tr = report.NewPeakTracker(1024, peakWindow(max(int64(p.CQMod), int64(p.TxDepth)*int64(p.QPs)), p.Iters, p.Duration))
 	avg = recvBacklog(tr, 10)
-	assert.Equal(t, tr.Peak(avg), recvPeak(&p, tr, avg))
+	assert.Equal(t, tr.Peak(avg), durationPeak(&p, tr, avg))
 }
