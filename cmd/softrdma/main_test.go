@@ -203,6 +203,11 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"rc-pingpong", "--connect-timeout=-1s", "h"}, "rc-pingpong: --connect-timeout -1s: must not be negative"},
 		{[]string{"ud-pingpong", "--connect-timeout=-1s", "h"}, "ud-pingpong: --connect-timeout -1s: must not be negative"},
 		{[]string{"uc-pingpong", "--idle-timeout=-1s"}, "uc-pingpong: --idle-timeout -1s: must not be negative"},
+		// The pingpong tools' --idle-timeout: 0 (wait for ever) or at
+		// least 100 ms (shorter cuts healthy runs and blames the peer).
+		{[]string{"rc-pingpong", "--idle-timeout", "1ns"}, "rc-pingpong: --idle-timeout 1ns: must be 0 (wait for ever) or at least 100ms"},
+		{[]string{"uc-pingpong", "--idle-timeout", "1ms", "h"}, "uc-pingpong: --idle-timeout 1ms: must be 0 (wait for ever) or at least 100ms"},
+		{[]string{"ud-pingpong", "--idle-timeout", "99ms"}, "ud-pingpong: --idle-timeout 99ms: must be 0 (wait for ever) or at least 100ms"},
 		{[]string{"rping", "-c", "-a", "127.0.0.1", "--connect-timeout=-1s"}, "rping: --connect-timeout -1s: must not be negative"},
 		{[]string{"rping", "-s", "--timeout", "100000h"}, "rping: --timeout 100000h0m0s: at most 24h0m0s"},
 		{[]string{"demo", "--timeout", "100000h"}, "--timeout 100000h0m0s: at most 24h0m0s (bad command line)"},

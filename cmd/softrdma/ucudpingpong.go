@@ -35,7 +35,7 @@ type udPingCmd struct {
 	Pcap           string        `placeholder:"FILE" help:"Record every datagram sent and received in a pcap file."`
 	Stat           bool          `help:"Print the device's non-zero counters at the end."`
 	ConnectTimeout time.Duration `name:"connect-timeout" placeholder:"DURATION" help:"Client: keep retrying a refused connection for this long (default: one attempt, as ibv_ud_pingpong)."`
-	IdleTimeout    time.Duration `name:"idle-timeout" default:"10s" placeholder:"DURATION" help:"Fail when no message completes for this long while exchanges remain: the exchange carries no -n, so a peer given a smaller one stops early, and one that went away says nothing (0: wait for ever, as the rdma-core tools do). At most 24h."`
+	IdleTimeout    time.Duration `name:"idle-timeout" default:"10s" placeholder:"DURATION" help:"Fail when no message completes for this long while exchanges remain: the exchange carries no -n, so a peer given a smaller one stops early, and one that went away says nothing (0: wait for ever, as the rdma-core tools do; otherwise 100ms to 24h)."`
 	Seed           uint64        `hidden:"" help:"Seed of the --verify pattern (default: random)."`
 }
 

@@ -115,11 +115,23 @@ type Options struct {
 	// given a smaller -n stops early, and one that went away says
 	// nothing: without a bound this side would wait for ever.
 	IdleTimeout time.Duration
+	// SetupTimeout bounds the TCP exchange of addresses, from the
+	// connection to the last message: a peer that connects (or listens)
+	// and says nothing fails the run after it instead of hanging it (0:
+	// DefaultSetupTimeout). Not a flag: the exchange is three small
+	// messages, which any rdma-core or softrdma peer sends at once.
+	SetupTimeout time.Duration
 
 	Listener net.Listener // server: accept on this instead of listening on Port (tests)
 	Stdout   io.Writer
 	Logf     func(format string, args ...any) // warnings; nil: silent
 }
+
+// DefaultSetupTimeout is the default Options.SetupTimeout.
+const DefaultSetupTimeout = 10 * time.Second
+
+// MinIdleTimeout is the least Options.IdleTimeout other than 0.
+const MinIdleTimeout = 100 * time.Millisecond
 
 // ErrData reports received data that failed -c or --verify.
 var ErrData = errors.New("invalid data received")
@@ -153,6 +165,17 @@ func (o *Options) Validate() error {
 	}
 	if o.IdleTimeout < 0 {
 		return usagef("--idle-timeout %v: must be 0 or more", o.IdleTimeout)
+	}
+	if o.IdleTimeout > 0 && o.IdleTimeout < MinIdleTimeout {
+		// A shorter bound cuts healthy runs (a scheduling pause, the
+		// first ODP fault) and blames the peer.
+		return usagef("--idle-timeout %v: must be 0 (wait for ever) or at least %v", o.IdleTimeout, MinIdleTimeout)
+	}
+	if o.SetupTimeout < 0 {
+		return usagef("setup timeout %v: must be 0 or more", o.SetupTimeout)
+	}
+	if o.SetupTimeout == 0 {
+		o.SetupTimeout = DefaultSetupTimeout
 	}
 	if o.SL < 0 || o.SL > 15 {
 		return usagef("-l %d: service level is 0-15", o.SL)
@@ -276,6 +299,9 @@ func Run(ctx context.Context, o Options) (err error) {
 	if err != nil {
 		return err
 	}
+	// The setup limit starts with the connection and bounds the whole
+	// exchange, both ways.
+	c.SetDeadline(time.Now().Add(o.SetupTimeout))
 	stop := context.AfterFunc(ctx, func() { c.Close() })
 	defer func() {
 		stop()
@@ -303,7 +329,7 @@ func Run(ctx context.Context, o Options) (err error) {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		return err
+		return r.exchangeErr(err, c.RemoteAddr())
 	}
 	fmt.Fprintf(o.Stdout, "  remote address: LID 0x%04x, QPN 0x%06x, PSN 0x%06x, GID %s\n",
 		r.rem.LID, r.rem.QPN, r.rem.PSN, GIDString(r.rem.GID))
@@ -314,6 +340,39 @@ func Run(ctx context.Context, o Options) (err error) {
 	}
 	return r.pingpong(ctx)
 }
+
+// exchangeErr explains err, an error of the TCP exchange with the peer at
+// addr: the peer's silence past the setup limit, a connection closed
+// before the message, a message that is not an address.
+func (r *run) exchangeErr(err error, addr net.Addr) error {
+	var re *ExchangeReadError
+	switch {
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return &SetupTimeoutError{fmt.Sprintf("the peer at %s connected but did not complete the exchange within %v: "+
+			"is it a softrdma or %s peer?", addr, r.o.SetupTimeout, r.o.tool()), err}
+	case errors.Is(err, ErrBadMsg):
+		return fmt.Errorf("the peer at %s is not a softrdma or %s peer: %w", addr, r.o.tool(), err)
+	case errors.As(err, &re) && (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)):
+		if re.Got > 0 {
+			return fmt.Errorf("the peer at %s closed the connection before sending %s (%d of %d bytes received)",
+				addr, re.What, re.Got, re.Want)
+		}
+		return fmt.Errorf("the peer at %s closed the connection before sending %s", addr, re.What)
+	}
+	return err
+}
+
+// SetupTimeoutError is an exchange that did not complete within
+// Options.SetupTimeout; it reads as its message and unwraps to the
+// timeout.
+type SetupTimeoutError struct {
+	msg string
+	err error
+}
+
+func (e *SetupTimeoutError) Error() string { return e.msg }
+func (e *SetupTimeoutError) Unwrap() error { return e.err }
 
 // setup opens the device on bind and creates what pp_init_ctx does, posts
 // rx_depth receives and picks the PSN.

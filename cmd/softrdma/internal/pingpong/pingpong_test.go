@@ -130,6 +130,8 @@ func TestValidate(t *testing.T) {
 		{Options{Iters: 1, RxDepth: 1, MTU: 1024, Size: -1}, "-s -1"},
 		{Options{Iters: 1, RxDepth: 1, MTU: 1024, Port: 70000}, "-p 70000"},
 		{Options{Iters: 1, RxDepth: 1, MTU: 1024, SL: 16}, "-l 16"},
+		{Options{Iters: 1, RxDepth: 1, MTU: 1024, IdleTimeout: time.Nanosecond}, "--idle-timeout 1ns: must be 0 (wait for ever) or at least 100ms"},
+		{Options{Iters: 1, RxDepth: 1, MTU: 1024, IdleTimeout: 99 * time.Millisecond}, "--idle-timeout 99ms"},
 	} {
 		err := tc.o.Validate()
 		var ue *UsageError
