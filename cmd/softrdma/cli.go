@@ -10,6 +10,7 @@ import (
 
 	"github.com/softrdma/softrdma"
 	"github.com/softrdma/softrdma/cmd/softrdma/internal/perf"
+	"github.com/softrdma/softrdma/cmd/softrdma/internal/pingpong"
 )
 
 // cli is the command line: one subcommand per tool, with perftest's flags.
@@ -120,7 +121,7 @@ func checkTimeout(flag string, d time.Duration) error {
 // minIdleTimeout is the shortest --idle-timeout other than 0: a shorter
 // one cuts healthy runs (a completion can take longer than that on a busy
 // host) and blames the peer, as -D's minimum does for durations.
-const minIdleTimeout = 100 * time.Millisecond
+const minIdleTimeout = pingpong.MinIdleTimeout // the same bound for every tool
 
 // checkIdleTimeout is checkTimeout for --idle-timeout: 0 (wait for ever)
 // or at least minIdleTimeout.
