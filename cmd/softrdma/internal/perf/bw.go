@@ -130,7 +130,7 @@ func (s *session) bwClientRun(ctx context.Context, size int64) (report.BW, []int
 		}
 		last = now
 		peak.Add(now, total)
-		s.idle.iters(total)
+		s.idle.Done(total)
 	}
 	if s.pt != nil {
 		s.ptVerifyDone(size, total)
@@ -276,7 +276,7 @@ func (s *session) sendBWServer(ctx context.Context, size int64, target func() (i
 		if len(wcs) > 0 {
 			last = now
 			peak.Add(now, total)
-			s.idle.iters(total)
+			s.idle.Done(total)
 		}
 	}
 	r := report.BW{Bytes: size, Iterations: total, Elapsed: last.Sub(start)}

@@ -165,7 +165,7 @@ func (s *session) pingPongRun(ctx context.Context, size int64, target func() (in
 					return nil
 				}
 			} else if loadByte(recvSlot, int(size)-1) == byte(i) {
-				s.idle.progress()
+				s.idle.Progress()
 				return nil
 			} else {
 				b.wait()
@@ -222,7 +222,7 @@ func (s *session) pingPongRun(ctx context.Context, size int64, target func() (in
 				return report.Lat{}, 0, err
 			}
 		}
-		s.idle.iters(i)
+		s.idle.Done(i)
 	}
 	// Let the last sends complete before the round ends.
 	for sendsOut > 0 {
@@ -295,7 +295,7 @@ func (s *session) readLatRun(ctx context.Context, size int64) (report.Lat, int64
 			return report.Lat{}, 0, err
 		}
 		lat.Record(time.Since(t0))
-		s.idle.iters(i + 1)
+		s.idle.Done(i + 1)
 		if err := checkWC(&wcs[0]); err != nil {
 			return report.Lat{}, 0, err
 		}

@@ -5,10 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
-	"sync/atomic"
 	"time"
 
 	"github.com/softrdma/softrdma"
+	"github.com/softrdma/softrdma/cmd/softrdma/internal/idlewatch"
 )
 
 // Work request IDs carry what a completion is for: a kind, the QP's index
@@ -37,7 +37,7 @@ func wridIdx(w uint64) int64   { return int64(w & (1<<wridIdxBits - 1)) }
 type poller struct {
 	cq   *softrdma.CQ
 	wcs  []softrdma.WC
-	idle *idleWatch // notified of every batch of completions (nil: none)
+	idle *idlewatch.Watch // notified of every batch of completions (nil: none)
 }
 
 func newPoller(cq *softrdma.CQ) *poller { return &poller{cq: cq, wcs: make([]softrdma.WC, 64)} }
@@ -56,13 +56,13 @@ func (p *poller) poll(ctx context.Context, block bool) ([]softrdma.WC, error) {
 	n, err := p.cq.Poll(p.wcs)
 	if n > 0 || err != nil || !block {
 		if n > 0 {
-			p.idle.progress()
+			p.idle.Progress()
 		}
 		return p.wcs[:n], err
 	}
 	n, err = p.cq.Wait(ctx, p.wcs)
 	if n > 0 {
-		p.idle.progress()
+		p.idle.Progress()
 	}
 	return p.wcs[:n], err
 }
@@ -83,7 +83,7 @@ func (p *poller) spin(ctx context.Context) ([]softrdma.WC, error) {
 		n, err := p.cq.Poll(p.wcs)
 		if n > 0 || err != nil {
 			if n > 0 {
-				p.idle.progress()
+				p.idle.Progress()
 			}
 			return p.wcs[:n], err
 		}
@@ -193,88 +193,24 @@ func (s *session) boundErr(parent context.Context, err error) error {
 	return err
 }
 
-// idleWatch ends an -n run in which no completion arrived for
-// Options.IdleTimeout (session.watchIdle): the QPs retry for ever
-// (retry_cnt 7, as on rxe), so a dead peer or path would otherwise keep
-// the run going with nothing to show. The loops note each completion
-// (progress, an atomic store per batch) and their iterations done; a
-// goroutine checks a few times per timeout. Its methods accept a nil
-// watch (no bound).
-type idleWatch struct {
-	limit  time.Duration
-	last   atomic.Int64 // Unix nanoseconds of the last progress
-	done   atomic.Int64 // iterations done, as the loop last noted them
-	fired  atomic.Bool
-	cancel context.CancelFunc
-	stopc  chan struct{}
-}
-
 // watchIdle returns ctx, cancelled once o.IdleTimeout passes without
-// progress, and the watch; without an idle timeout, or in a -D run (bounded
-// by its drain limit instead), ctx itself and a nil watch.
-func (s *session) watchIdle(ctx context.Context) (context.Context, *idleWatch) {
-	limit := s.o.IdleTimeout
-	if limit <= 0 || s.p.Duration > 0 {
+// progress, and the watch (idlewatch); without an idle timeout, or in a -D
+// run (bounded by its drain limit instead), ctx itself and a nil watch.
+func (s *session) watchIdle(ctx context.Context) (context.Context, *idlewatch.Watch) {
+	if s.p.Duration > 0 {
 		return ctx, nil
 	}
-	w := &idleWatch{limit: limit, stopc: make(chan struct{})}
-	ctx, w.cancel = context.WithCancel(ctx)
-	w.progress()
-	go func() {
-		defer close(w.stopc)
-		tick := time.NewTicker(max(limit/8, time.Millisecond))
-		defer tick.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case now := <-tick.C:
-				if now.UnixNano()-w.last.Load() >= int64(limit) {
-					w.fired.Store(true)
-					w.cancel()
-					return
-				}
-			}
-		}
-	}()
-	return ctx, w
-}
-
-// progress notes a completion (or, for write-lat, a message seen in
-// memory): the idle timer restarts.
-func (w *idleWatch) progress() {
-	if w != nil {
-		w.last.Store(time.Now().UnixNano())
-	}
-}
-
-// iters notes that n iterations are done (and restarts the idle timer).
-func (w *idleWatch) iters(n int64) {
-	if w != nil {
-		w.done.Store(n)
-		w.progress()
-	}
-}
-
-// expired reports whether the watch cancelled the run.
-func (w *idleWatch) expired() bool { return w != nil && w.fired.Load() }
-
-// stop ends the watch.
-func (w *idleWatch) stop() {
-	if w != nil {
-		w.cancel()
-		<-w.stopc
-	}
+	return idlewatch.Start(ctx, s.o.IdleTimeout)
 }
 
 // idleErr is the error of a run that the watch ended: asked is the
 // number of iterations the run was to do (all QPs').
-func (s *session) idleErr(w *idleWatch, asked int64) error {
+func (s *session) idleErr(w *idlewatch.Watch, asked int64) error {
 	n := fmt.Sprintf("-n %d", s.p.Iters)
 	if s.p.QPs > 1 {
 		n += fmt.Sprintf(" × -q %d", s.p.QPs)
 	}
 	return fmt.Errorf("no completion for %v (--idle-timeout) after %d of %d iterations (%s): "+
 		"the peer or the path to it is probably dead (the QPs retry for ever, retry_cnt 7 as on rxe; "+
-		"--idle-timeout 0 waits for ever)", w.limit, w.done.Load(), asked, n)
+		"--idle-timeout 0 waits for ever)", w.Limit(), w.Count(), asked, n)
 }

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/softrdma/softrdma/cmd/softrdma/internal/exchange"
+	"github.com/softrdma/softrdma/cmd/softrdma/internal/idlewatch"
 	"github.com/softrdma/softrdma/cmd/softrdma/internal/report"
 )
 
@@ -656,15 +657,15 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 	// An -n run whose completions stop (a dead peer or path: the QPs
 	// retry for ever) ends after --idle-timeout; the passive side, which
 	// has no completions, learns of it from the active side's result.
-	ictx, idle := rctx, (*idleWatch)(nil)
+	ictx, idle := rctx, (*idlewatch.Watch)(nil)
 	if !s.passive() {
 		ictx, idle = s.watchIdle(rctx)
 	}
 	s.idle = idle
 	mine, runErr := s.runSide(ictx, size, targetFn, known)
-	idle.stop()
+	idle.Stop()
 	s.idle = nil
-	if runErr != nil && idle.expired() {
+	if runErr != nil && idle.Expired() {
 		runErr = s.idleErr(idle, s.asked(size))
 	}
 	if runErr != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/softrdma/softrdma"
 	"github.com/softrdma/softrdma/cmd/softrdma/internal/cmchan"
 	"github.com/softrdma/softrdma/cmd/softrdma/internal/exchange"
+	"github.com/softrdma/softrdma/cmd/softrdma/internal/idlewatch"
 	"github.com/softrdma/softrdma/cmd/softrdma/internal/odpbuf"
 	"github.com/softrdma/softrdma/cmd/softrdma/internal/report"
 	"github.com/softrdma/softrdma/rdmacm"
@@ -85,7 +86,7 @@ type session struct {
 	boundEnd atomic.Int64
 	// idle is the idle watch of the round's run (-n, --idle-timeout;
 	// nil: none), set before the run and read by its loops.
-	idle *idleWatch
+	idle *idlewatch.Watch
 	// The exchange's setup: its time limit, when it expires, and the
 	// peer's TCP address (for the messages).
 	setupLimit time.Duration

@@ -144,7 +144,7 @@ func (s *session) pushRun(ctx context.Context, size int64, src source, count int
 				acked = wridIdx(wc.WRID) + 1
 				last = now
 				peak.Add(now, acked)
-				s.idle.iters(acked)
+				s.idle.Done(acked)
 			case kindEOS:
 				acked = wridIdx(wc.WRID) + 1
 			}
@@ -229,7 +229,7 @@ func (s *session) pull(ctx context.Context, size int64, snk sink, lenOf func(k i
 			}
 			last = now
 			peak.Add(now, consumed)
-			s.idle.iters(consumed)
+			s.idle.Done(consumed)
 		}
 		// One credit per batch of completions; the end of stream is not
 		// credited.
@@ -383,7 +383,7 @@ func (s *session) readFetch(ctx context.Context, size int64, snk sink, fileSize 
 				consumed++
 				last = now
 				peak.Add(now, consumed)
-				s.idle.iters(consumed)
+				s.idle.Done(consumed)
 			case kindCredit:
 				creditsOut--
 			}

@@ -15,13 +15,13 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/softrdma/softrdma"
+	"github.com/softrdma/softrdma/cmd/softrdma/internal/idlewatch"
 	"github.com/softrdma/softrdma/cmd/softrdma/internal/odpbuf"
 	"github.com/softrdma/softrdma/cmd/softrdma/internal/report"
 	"github.com/softrdma/softrdma/transport/pcaptap"
@@ -601,12 +601,12 @@ func (r *run) pingpong(ctx context.Context) error {
 	}
 	start := time.Now()
 	ctx, idle := r.watchIdle(ctx)
-	defer idle.stop()
+	defer idle.Stop()
 	routs, rcnt, scnt := o.RxDepth, 0, 0
 	for rcnt < o.Iters || scnt < o.Iters {
 		wcs, err := r.poll(ctx)
 		if err != nil {
-			if idle.expired() {
+			if idle.Expired() {
 				return fmt.Errorf("no completion for %v (--idle-timeout) after %d of %d exchanges (-n %d): "+
 					"the peer stopped or went away (was it given a smaller -n? %s's exchange does not carry it)",
 					o.IdleTimeout, min(rcnt, scnt), o.Iters, o.Iters, o.tool())
@@ -614,7 +614,7 @@ func (r *run) pingpong(ctx context.Context) error {
 			return err
 		}
 		if len(wcs) > 0 {
-			idle.progress()
+			idle.Progress()
 		}
 		for i := range wcs {
 			wc := &wcs[i]
@@ -672,58 +672,11 @@ func (r *run) pingpong(ctx context.Context) error {
 	return bad
 }
 
-// idleWatch cancels the main loop's context once no completion arrived
-// for Options.IdleTimeout (watchIdle).
-type idleWatch struct {
-	last   atomic.Int64 // Unix nanoseconds of the last progress
-	fired  atomic.Bool
-	cancel context.CancelFunc
-	done   chan struct{}
-}
-
 // watchIdle returns ctx, cancelled once o.IdleTimeout passes without a
-// call of progress (if o.IdleTimeout is set), and its watch. A goroutine
-// checks a few times per timeout, so that the loop pays an atomic store
-// per batch of completions and no timer.
-func (r *run) watchIdle(ctx context.Context) (context.Context, *idleWatch) {
-	w := &idleWatch{done: make(chan struct{})}
-	ctx, w.cancel = context.WithCancel(ctx)
-	w.progress()
-	limit := r.o.IdleTimeout
-	if limit <= 0 {
-		close(w.done)
-		return ctx, w
-	}
-	go func() {
-		defer close(w.done)
-		tick := time.NewTicker(max(limit/8, time.Millisecond))
-		defer tick.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case now := <-tick.C:
-				if now.UnixNano()-w.last.Load() >= int64(limit) {
-					w.fired.Store(true)
-					w.cancel()
-					return
-				}
-			}
-		}
-	}()
-	return ctx, w
-}
-
-// progress notes a completion.
-func (w *idleWatch) progress() { w.last.Store(time.Now().UnixNano()) }
-
-// expired reports whether the watch cancelled the context.
-func (w *idleWatch) expired() bool { return w.fired.Load() }
-
-// stop ends the watch.
-func (w *idleWatch) stop() {
-	w.cancel()
-	<-w.done
+// completion (if o.IdleTimeout is set), and its watch (idlewatch; nil
+// without a limit).
+func (r *run) watchIdle(ctx context.Context) (context.Context, *idlewatch.Watch) {
+	return idlewatch.Start(ctx, r.o.IdleTimeout)
 }
 
 // tool is the rdma-core tool this run stands in for.

@@ -1,0 +1,95 @@
+// Package idlewatch ends a run in which nothing progressed for a time
+// limit (--idle-timeout of the perftest-style and pingpong tools): the
+// QPs retry for ever (retry_cnt 7, as on rxe), so a dead peer or path
+// would otherwise keep a run going with nothing to show. The run's loops
+// note each completion (Progress or Done: one atomic store per batch, no
+// timer); a goroutine checks a few times per limit.
+package idlewatch
+
+import (
+	"context"
+	"sync/atomic"
+	"time"
+)
+
+// Watch is one run's watch. Its methods accept a nil *Watch (no limit).
+type Watch struct {
+	limit  time.Duration
+	last   atomic.Int64 // Unix nanoseconds of the last progress
+	count  atomic.Int64 // iterations done, as the loop last noted them
+	fired  atomic.Bool
+	cancel context.CancelFunc
+	stopc  chan struct{}
+}
+
+// Start returns ctx, cancelled once limit passes without Progress or
+// Done, and its watch; with limit ≤ 0, ctx itself and a nil watch.
+func Start(ctx context.Context, limit time.Duration) (context.Context, *Watch) {
+	if limit <= 0 {
+		return ctx, nil
+	}
+	w := &Watch{limit: limit, stopc: make(chan struct{})}
+	ctx, w.cancel = context.WithCancel(ctx)
+	w.Progress()
+	go func() {
+		defer close(w.stopc)
+		tick := time.NewTicker(max(limit/8, time.Millisecond))
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case now := <-tick.C:
+				if now.UnixNano()-w.last.Load() >= int64(limit) {
+					w.fired.Store(true)
+					w.cancel()
+					return
+				}
+			}
+		}
+	}()
+	return ctx, w
+}
+
+// Progress notes a completion (or, for write-lat, a message seen in
+// memory): the idle timer restarts.
+func (w *Watch) Progress() {
+	if w != nil {
+		w.last.Store(time.Now().UnixNano())
+	}
+}
+
+// Done notes that n iterations are done, and restarts the idle timer.
+func (w *Watch) Done(n int64) {
+	if w != nil {
+		w.count.Store(n)
+		w.Progress()
+	}
+}
+
+// Count returns the iterations last noted by Done.
+func (w *Watch) Count() int64 {
+	if w == nil {
+		return 0
+	}
+	return w.count.Load()
+}
+
+// Limit returns the watch's limit (0 for a nil watch).
+func (w *Watch) Limit() time.Duration {
+	if w == nil {
+		return 0
+	}
+	return w.limit
+}
+
+// Expired reports whether the watch cancelled the run.
+func (w *Watch) Expired() bool { return w != nil && w.fired.Load() }
+
+// Stop ends the watch (and cancels its context).
+func (w *Watch) Stop() {
+	if w != nil {
+		w.cancel()
+		<-w.stopc
+	}
+}
