@@ -328,7 +328,7 @@ func (d *seconds) UnmarshalText(text []byte) error {
 	s := string(text)
 	if n, err := strconv.ParseUint(s, 10, 32); err == nil {
 		if n == 0 {
-			return fmt.Errorf("%q: the duration must be longer than 0", s)
+			return fmt.Errorf("%q: must be %v to %v", s, perf.MinDuration, perf.MaxDuration)
 		}
 		*d = seconds(time.Duration(n) * time.Second)
 		return nil
@@ -338,7 +338,7 @@ func (d *seconds) UnmarshalText(text []byte) error {
 		return fmt.Errorf("%q is not a number of seconds or a duration", s)
 	}
 	if v == 0 {
-		return fmt.Errorf("%q: the duration must be longer than 0", s)
+		return fmt.Errorf("%q: must be %v to %v", s, perf.MinDuration, perf.MaxDuration)
 	}
 	*d = seconds(v)
 	return nil

@@ -168,8 +168,8 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"write-bw", "-Q", "0", "h"}, "at least 1"},
 		{[]string{"write-bw", "-q", "0", "h"}, "at least 1"},
 		{[]string{"write-bw", "-u", "0", "h"}, "at least 1"},
-		{[]string{"write-bw", "-D", "0", "h"}, "longer than 0"},
-		{[]string{"write-bw", "-D", "0s", "h"}, "longer than 0"},
+		{[]string{"write-bw", "-D", "0", "h"}, `"0": must be 100ms to 24h0m0s`},
+		{[]string{"write-bw", "-D", "0s", "h"}, `"0s": must be 100ms to 24h0m0s`},
 		{[]string{"rping", "-c", "-a", "127.0.0.1", "-p", "0"}, "-p 0: not a port"},
 		// An output path that cannot be written is a bad command line in
 		// every tool (exit 2), found before anything opens or connects,
