@@ -54,3 +54,19 @@ func TestSendBWServerPeakDuration(t *testing.T) {
 	avg = recvBacklog(tr, 10)
 	assert.Equal(t, tr.Peak(avg), durationPeak(&p, tr, avg))
 }
+
+// TestSendBWServerPeakWindow: in an -n run the send-bw receiver's window
+// holds 4 backlogs of rx-depth completions, so a backlog drained in a
+// burst of polls no longer reads as a rate of tens of GB/s: the peak stays
+// within a third of the true rate. (With the sender's window, max(cq-mod,
+// tx-depth, a sixteenth of the run), it read as more than 20 times it.)
+func TestSendBWServerPeakWindow(t *testing.T) {
+	p := Params{Test: "send-bw", Size: 1024, Iters: 5000, TxDepth: 128, CQMod: 100, QPs: 1, RxDepth: 512}
+	old := report.NewPeakTracker(1024, peakWindow(max(int64(p.CQMod), int64(p.TxDepth)*int64(p.QPs)), p.Iters, p.Duration))
+	avg := recvBacklog(old, 10)
+	assert.Greater(t, old.Peak(avg), 20*avg, "the sender's window on the receiver's times")
+	tr := report.NewPeakTracker(1024, recvPeakWindow(&p))
+	avg = recvBacklog(tr, 10)
+	assert.LessOrEqual(t, tr.Peak(avg), 4.0/3*avg)
+	assert.GreaterOrEqual(t, tr.Peak(avg), avg)
+}
