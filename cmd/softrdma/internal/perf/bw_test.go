@@ -68,5 +68,4 @@ func TestSendBWServerPeakWindow(t *testing.T) {
 	tr := report.NewPeakTracker(1024, recvPeakWindow(&p))
 	avg = recvBacklog(tr, 10)
 	assert.LessOrEqual(t, tr.Peak(avg), 4.0/3*avg)
-	assert.GreaterOrEqual(t, tr.Peak(avg), avg)
 }

@@ -12,27 +12,35 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// fakeServer listens on a loopback port for one connection, sends it say
+// (nothing if empty) and then reads until the peer leaves; it returns the
+// port. The listener closes at the end of the test.
+func fakeServer(t *testing.T, say string) int {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			defer c.Close()
+			c.Write([]byte(say))
+			io.Copy(io.Discard, c)
+		}
+	}()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
 // TestSetupBoundsASilentPeer: a TCP peer that connects to the exchange
 // port and says nothing fails the run after the setup's time limit with a
 // message that names the peer and the limit, on either side, instead of
 // hanging it.
 func TestSetupBoundsASilentPeer(t *testing.T) {
 	t.Run("client", func(t *testing.T) {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		require.NoError(t, err)
-		defer ln.Close()
-		go func() {
-			c, err := ln.Accept()
-			if err == nil {
-				defer c.Close()
-				io.Copy(io.Discard, c) // silent until the client leaves
-			}
-		}()
-		port := ln.Addr().(*net.TCPAddr).Port
+		port := fakeServer(t, "") // silent until the client leaves
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		start := time.Now()
-		_, err = Run(ctx, &Options{Test: WriteBW, Server: "127.0.0.1", Port: port, Bind: "127.0.0.1:0",
+		_, err := Run(ctx, &Options{Test: WriteBW, Server: "127.0.0.1", Port: port, Bind: "127.0.0.1:0",
 			SetupTimeout: 200 * time.Millisecond})
 		require.Error(t, err)
 		assert.EqualError(t, err, "the peer at 127.0.0.1:"+strconv.Itoa(port)+
@@ -68,22 +76,11 @@ func TestSetupBoundsASilentPeer(t *testing.T) {
 func TestSetupRefusesGarbage(t *testing.T) {
 	const garbage = "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
 	t.Run("client", func(t *testing.T) {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		require.NoError(t, err)
-		defer ln.Close()
-		go func() {
-			c, err := ln.Accept()
-			if err == nil {
-				defer c.Close()
-				c.Write([]byte(garbage))
-				io.Copy(io.Discard, c)
-			}
-		}()
+		port := fakeServer(t, garbage)
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		start := time.Now()
-		port := ln.Addr().(*net.TCPAddr).Port
-		_, err = Run(ctx, &Options{Test: WriteBW, Server: "127.0.0.1", Port: port, Bind: "127.0.0.1:0"})
+		_, err := Run(ctx, &Options{Test: WriteBW, Server: "127.0.0.1", Port: port, Bind: "127.0.0.1:0"})
 		require.Error(t, err)
 		assert.Regexp(t, `^the peer at 127.0.0.1:`+strconv.Itoa(port)+` is not a softrdma or perftest peer: it sent "HTTP/1.1 `, err.Error())
 		assert.Less(t, time.Since(start), 5*time.Second, "refused at once, not after the setup limit")
