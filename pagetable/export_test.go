@@ -8,3 +8,37 @@ const RaceEnabled = raceEnabled
 func (t *Table) MirrorWord64(m *Mirror, iova uint64, w *uint64, op func(*uint64) uint64) (uint64, Result) {
 	return t.mirrorWord64(m.pages, iova, w, op)
 }
+
+// EnterCopy starts a copy of [iova, iova+n) as CopyIn does (write) and
+// stops after its check, so that a test holds a copy in flight; ExitCopy
+// ends it. ok is false (and nothing is held) if the check failed.
+func (t *ODP) EnterCopy(iova, n uint64, write bool) (ep uint32, ok bool) {
+	first, count, in := t.pages(iova, n)
+	if !in {
+		return 0, false
+	}
+	need := Present
+	if write {
+		need |= Writable
+	}
+	ep = t.enter()
+	if t.check(first, count, need) != OK {
+		t.exit(ep)
+		return 0, false
+	}
+	return ep, true
+}
+
+// ExitCopy ends a copy EnterCopy started.
+func (t *ODP) ExitCopy(ep uint32) { t.exit(ep) }
+
+// EvictRange clears [iova, iova+n) as the budget's eviction does (and
+// waits for the copies in flight, as it does); it returns the pages
+// cleared.
+func (t *ODP) EvictRange(iova, n uint64) int {
+	first, count, ok := t.pages(iova, n)
+	if !ok {
+		return 0
+	}
+	return t.clear(first, count, true)
+}

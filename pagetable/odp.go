@@ -142,6 +142,10 @@ type ODP struct {
 		_ [56]byte
 	}
 	flipMu sync.Mutex
+	// clearing counts the clears running (clear), so that one that finds
+	// nothing present knows whether another one may have cleared the
+	// entries and still be waiting for their copies.
+	clearing atomic.Int32
 
 	released atomic.Bool
 	// track: a remap tracks the pages the NIC writes (Dirty bits).
@@ -665,8 +669,12 @@ func (t *ODP) InvalidateRange(iova, n uint64) int {
 }
 
 // clear clears the present entries among count pages from first and waits
-// for copies in flight; evict counts them as evictions.
+// for copies in flight; evict counts them as evictions. When it returns, no
+// copy that used an entry of the range is running, even if another clear
+// (an eviction and an invalidation of the same pages) cleared it first.
 func (t *ODP) clear(first, count uint64, evict bool) int {
+	t.clearing.Add(1)
+	defer t.clearing.Add(-1)
 	t.mu.Lock()
 	n := 0
 	for c := first >> ChildShift; c <= (first+count-1)>>ChildShift; c++ {
@@ -692,6 +700,14 @@ func (t *ODP) clear(first, count uint64, evict bool) int {
 	}
 	t.mu.Unlock()
 	if n == 0 {
+		// Nothing present: no copy can use the range from now on. One
+		// may still be running on entries another clear took away (it
+		// counted itself before taking mu, and stops counting only after
+		// its wait): wait as it does, or the host may change the mapping
+		// under that copy.
+		if t.clearing.Load() > 1 {
+			t.waitCopies()
+		}
 		return 0
 	}
 	t.stats.invals.Add(int64(n))

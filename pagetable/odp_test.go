@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
@@ -181,6 +182,60 @@ func TestODPInvalidationWaitsForCopies(t *testing.T) {
 			t.Fatalf("byte %d holds %#x, neither writer's last value (%#x, %#x)", k, b, last[0].Load(), last[1].Load())
 		}
 	}
+}
+
+// TestODPInvalidationWaitsForAConcurrentClearsCopies: an eviction has
+// cleared a page and waits for a copy that is still writing it; a
+// migration of the same page finds nothing present to clear, but must
+// still wait for that copy before the host copies the page and remaps it
+// (hostmem.Notifier: when Invalidate returns, no copy uses the range's
+// frames). Returning at once lets the copy's bytes land in the old frame
+// after the migration copied it: a write lost (or, for Free, a copy into
+// an unmapped page).
+func TestODPInvalidationWaitsForAConcurrentClearsCopies(t *testing.T) {
+	as := newAS(t, 16<<20)
+	mem, tab := newODP(t, as, 1, nil)
+	base := hostmem.AddrOf(mem)
+	_, err := tab.Fault(base, ps, pagetable.FaultWrite)
+	require.NoError(t, err)
+	ep, ok := tab.EnterCopy(base, ps, true) // a copy past its check
+	require.True(t, ok)
+	evicted := make(chan int, 1)
+	go func() { evicted <- tab.EvictRange(base, ps) }()
+	for tab.PresentAt(base) {
+		runtime.Gosched() // until the eviction has cleared the page
+	}
+	migrated := make(chan *hostmem.Migration, 1)
+	go func() {
+		m, err := as.Migrate(base, 1)
+		assert.NoError(t, err)
+		migrated <- m
+	}()
+	// The copy is still in flight: neither may finish. (Without the
+	// wait the migration returns within a few rounds of the scheduler.)
+	// The copy ends before the test fails, or the cleanup's Release would
+	// wait for it for ever.
+	var early string
+	for i := 0; i < 20000 && early == ""; i++ {
+		runtime.Gosched()
+		select {
+		case m := <-migrated:
+			migrated <- m
+			early = "the migration"
+		case n := <-evicted:
+			evicted <- n
+			early = "the eviction"
+		default:
+		}
+	}
+	tab.ExitCopy(ep)
+	require.Equal(t, 1, <-evicted)
+	if m := <-migrated; m != nil {
+		m.Release()
+	}
+	require.Empty(t, early, "ended while a copy was still writing the page")
+	st := tab.Stats()
+	require.Equal(t, st.PageInvalidations, st.PageInvalidationsHandled)
 }
 
 // TestBudgetClock: the budget never lets more pages be present than its
