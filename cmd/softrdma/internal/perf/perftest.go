@@ -156,7 +156,7 @@ func (s *session) ptRun(ctx context.Context) error {
 		pt.SetDeadline(s.setupEnd)
 	}
 	if s.pm.cycle, s.pm.cacheLine, err = pt.SysData(os.Getpagesize(), ptCacheLine); err != nil {
-		return s.setupErr(ctx, err)
+		return s.setupErr(ctx, "system data", err)
 	}
 	if s.pm.cycle < pageSize || s.pm.cycle > 1<<30 || s.pm.cacheLine < 8 || s.pm.cacheLine > s.pm.cycle {
 		return fmt.Errorf("perftest peer: cycle buffer %d and cache line %d are not usable", s.pm.cycle, s.pm.cacheLine)
@@ -167,7 +167,7 @@ func (s *session) ptRun(ctx context.Context) error {
 	}
 	mtu, err := pt.MTU(int(mtuCode(mine)))
 	if err != nil {
-		return s.setupErr(ctx, err)
+		return s.setupErr(ctx, "MTU", err)
 	}
 	if !s.setupEnd.IsZero() {
 		pt.SetDeadline(time.Time{})
