@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"sync"
 	"time"
 
 	"github.com/softrdma/softrdma"
@@ -121,27 +122,96 @@ func (s *session) runClientCM(ctx context.Context) error {
 	if err := s.cmOpen(); err != nil {
 		return err
 	}
-	dst := netip.AddrPortFrom(server, s.cmPort())
+	if err := s.cmDialChannel(ctx, netip.AddrPortFrom(server, s.cmPort())); err != nil {
+		return err
+	}
+	return s.cmSession(ctx)
+}
+
+// cmProgressEvery is how often a -R client looks at its CM's
+// retransmissions while it waits for the server's first answer.
+const cmProgressEvery = 100 * time.Millisecond
+
+// cmDialChannel connects the channel to the server's rdma_cm port dst
+// (rdma_client_connect). A server that does not answer at all is retried
+// by the CM itself (a REQ every 4.4 s, 15 times: 71 s); after its first
+// retry this side says so, once, on stderr. With --connect-timeout, a REQ
+// rejected because the server does not listen yet is tried again, as a
+// refused TCP connection is, and a server that does not answer is waited
+// for at most that long (the CM's own attempt is cut short, or made again
+// once its retries are used up): the run then fails naming the address.
+func (s *session) cmDialChannel(ctx context.Context, dst netip.AddrPort) error {
+	o := s.o
+	device := s.cmPeerDevice(dst.Addr())
+	retries, every := s.cm.Retries()
 	deadline := time.Now().Add(o.ConnectTimeout)
+	progress := make(chan struct{}) // closed once the line is printed
+	var told sync.Once
+	tell := func() {
+		told.Do(func() {
+			until := fmt.Sprintf("up to %d times, %.0fs", retries, (time.Duration(retries+1) * every).Seconds())
+			if o.ConnectTimeout > 0 {
+				until = fmt.Sprintf("until --connect-timeout %v", o.ConnectTimeout)
+			}
+			s.logf("softrdma: no CM reply from %v (device %v) yet; retrying (%s)", dst, device, until)
+			close(progress)
+		})
+	}
+	base := s.cm.Counters().Retransmits.Load()
+	answered := false // a REJ came: the server's device is up
 	for {
 		dctx, cancel := ctx, context.CancelFunc(func() {})
 		if o.ConnectTimeout > 0 {
 			dctx, cancel = context.WithDeadline(ctx, deadline)
 		}
+		watchDone := make(chan struct{})
+		go func() { // the CM's first retransmission of the REQ
+			defer close(watchDone)
+			tick := time.NewTicker(cmProgressEvery)
+			defer tick.Stop()
+			for {
+				select {
+				case <-dctx.Done():
+					return
+				case <-progress:
+					return
+				case <-tick.C:
+					if s.cm.Counters().Retransmits.Load() != base {
+						tell()
+						return
+					}
+				}
+			}
+		}()
+		var err error
 		s.ch, err = cmchan.Dial(dctx, s.cm, s.dev, s.pd, dst, s.cmChannelParam())
 		cancel()
+		<-watchDone
 		if err == nil {
-			break
+			return nil
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		// A server whose device is up but that does not listen yet
-		// rejects the REQ ("invalid service ID"): try again, as
-		// --connect-timeout does for a refused TCP connection.
 		var rej *rdmacm.RejectError
-		if !errors.As(err, &rej) || rej.Reason != mad.RejInvalidServiceID || time.Now().Add(retryEvery).After(deadline) {
-			return fmt.Errorf("connect to the server: rdma_cm %v (device %v): %w", dst, s.cmPeerDevice(server), err)
+		rejected := errors.As(err, &rej)
+		answered = answered || rejected
+		late := time.Now().Add(retryEvery).After(deadline)
+		switch {
+		case o.ConnectTimeout > 0 && !answered && (errors.Is(err, context.DeadlineExceeded) ||
+			errors.Is(err, rdmacm.ErrTimeout) && late):
+			return fmt.Errorf("connect to the server: no CM reply from rdma_cm %v (device %v) within --connect-timeout %v: "+
+				"is a server running there with -R?", dst, device, o.ConnectTimeout)
+		case o.ConnectTimeout > 0 && errors.Is(err, rdmacm.ErrTimeout) && !late:
+			// The CM's retries are used up and time is left: try again.
+			base = s.cm.Counters().Retransmits.Load()
+			continue
+		case !rejected || rej.Reason != mad.RejInvalidServiceID || late:
+			// A server whose device is up but that does not listen yet
+			// rejects the REQ ("invalid service ID"): that alone is
+			// tried again, as --connect-timeout does for a refused TCP
+			// connection.
+			return fmt.Errorf("connect to the server: rdma_cm %v (device %v): %w", dst, device, err)
 		}
 		select {
 		case <-time.After(retryEvery):
@@ -149,7 +219,6 @@ func (s *session) runClientCM(ctx context.Context) error {
 			return ctx.Err()
 		}
 	}
-	return s.cmSession(ctx)
 }
 
 // cmPeerDevice is the UDP address where the CM sends its MADs.
