@@ -160,7 +160,7 @@ func (s *session) cmDialChannel(ctx context.Context, dst netip.AddrPort) error {
 	base := s.cm.Counters().Retransmits.Load()
 	answered := false // a REJ came: the server's device is up
 	for {
-		dctx, cancel := ctx, context.CancelFunc(func() {})
+		dctx, cancel := context.WithCancel(ctx) // also ends the watch below
 		if o.ConnectTimeout > 0 {
 			dctx, cancel = context.WithDeadline(ctx, deadline)
 		}

@@ -1,8 +1,11 @@
 package perf
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"net"
+	"net/netip"
 	"strings"
 	"sync"
 	"testing"
@@ -12,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/softrdma/softrdma"
 	"github.com/softrdma/softrdma/softrdmatest"
 )
 
@@ -76,4 +80,51 @@ func TestCMConnectNoServer(t *testing.T) {
 			})
 		})
 	}
+}
+
+// runPairCM is runPair with -R: two devices of this process on loopback
+// (ephemeral UDP ports: the client reaches the server's with --roce-port),
+// the server's CM on rdma_cm port 47213.
+func runPairCM(t *testing.T, test Test, srv, cli Options) pairRun {
+	t.Helper()
+	open := func() *softrdma.Device {
+		d, err := softrdma.Open(softrdma.Config{Addr: netip.MustParseAddrPort("127.0.0.1:0"), Logf: t.Logf})
+		require.NoError(t, err)
+		t.Cleanup(func() { d.Close() })
+		return d
+	}
+	sd, cd := open(), open()
+	srv.Test, cli.Test = test, test
+	srv.RDMACM, cli.RDMACM = true, true
+	srv.Device, cli.Device = sd, cd
+	srv.Bind, srv.Port = "127.0.0.1", 47213
+	cli.Server, cli.Port, cli.RoCEPort = "127.0.0.1", 47213, int(sd.LocalAddr().Port())
+	srv.Logf, cli.Logf = t.Logf, t.Logf
+	ready := make(chan struct{})
+	srv.Ready = func(net.Addr) { close(ready) }
+	var sout, cout bytes.Buffer
+	srv.Stdout, cli.Stdout = &sout, &cout
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var r pairRun
+	var wg sync.WaitGroup
+	wg.Go(func() { r.srv, r.srvErr = Run(ctx, &srv) })
+	select {
+	case <-ready:
+		r.cli, r.cliErr = Run(ctx, &cli)
+	case <-ctx.Done():
+	}
+	wg.Wait()
+	r.srvOut, r.cliOut = sout.String(), cout.String()
+	if t.Failed() || r.srvErr != nil || r.cliErr != nil {
+		t.Logf("server output:\n%s\nclient output:\n%s", r.srvOut, r.cliOut)
+	}
+	return r
+}
+
+// TestRDMACMWithoutConnectTimeout: a -R client without --connect-timeout
+// connects and runs (the watch of the CM's retries ends with the dial: it
+// once kept a connected client waiting for ever).
+func TestRDMACMWithoutConnectTimeout(t *testing.T) {
+	requireOK(t, runPairCM(t, WriteBW, Options{}, Options{Params: Params{Size: 4096, Iters: 50}}))
 }
