@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"sync"
 	"time"
 
@@ -268,7 +269,11 @@ func (s *session) runServerCM(ctx context.Context) error {
 // cmSession runs the exchange over the channel: perftest's, or softrdma's
 // when both offer it, as over TCP.
 func (s *session) cmSession(ctx context.Context) error {
-	pt := exchange.NewPerftest(s.ch, !s.server)
+	var c net.Conn = s.ch
+	if s.o.IdleTimeout > 0 {
+		c = boundWrites{s.ch, s.o.IdleTimeout}
+	}
+	pt := exchange.NewPerftest(c, !s.server)
 	pt.RDMACM = true
 	// Closing the channel ends any read or write of it: Ctrl-C ends the
 	// run at any point (a dead peer would otherwise be waited for as long
@@ -283,7 +288,7 @@ func (s *session) cmSession(ctx context.Context) error {
 		s.pt = pt
 		return s.runPerftest(ctx)
 	}
-	if s.ctrl, err = exchange.New(s.ch); err != nil {
+	if s.ctrl, err = exchange.New(c); err != nil {
 		return err
 	}
 	if s.server {
@@ -299,6 +304,40 @@ func (s *session) cmSession(ctx context.Context) error {
 	s.cmEnd(err == nil)
 	return err
 }
+
+// boundWrites is the -R channel with each Write bounded by limit
+// (--idle-timeout): the channel is an RC connection over the path the data
+// QPs take, retrying for ever (retry_cnt 7) as they do, so a message the
+// peer does not acknowledge within the limit means a dead peer or path, as
+// a missing completion does. (A Write that fails so leaves the channel
+// unusable: cmchan moves its QP to ERR.)
+type boundWrites struct {
+	*cmchan.Conn
+	limit time.Duration
+}
+
+func (c boundWrites) Write(b []byte) (int, error) {
+	c.SetWriteDeadline(time.Now().Add(c.limit))
+	n, err := c.Conn.Write(b)
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		err = &unackedError{c.limit, err}
+	}
+	return n, err
+}
+
+// unackedError is a message of the -R exchange that the peer did not
+// acknowledge within --idle-timeout (boundWrites).
+type unackedError struct {
+	limit time.Duration
+	err   error
+}
+
+func (e *unackedError) Error() string {
+	return fmt.Sprintf("the peer did not acknowledge a message of the exchange (over rdma_cm) within %v (--idle-timeout): "+
+		"the peer or the path to it is probably dead (--idle-timeout 0 waits for ever)", e.limit)
+}
+
+func (e *unackedError) Unwrap() error { return e.err }
 
 // cmConnectQPs connects the round's QPs through the CM, in order (the
 // client connects, the server accepts), and takes their addresses, QPNs

@@ -17,6 +17,7 @@ import (
 
 	"github.com/softrdma/softrdma"
 	"github.com/softrdma/softrdma/softrdmatest"
+	"github.com/softrdma/softrdma/transport/conn"
 )
 
 // TestCMConnectNoServer: a -R client whose server's device does not answer
@@ -127,4 +128,87 @@ func runPairCM(t *testing.T, test Test, srv, cli Options) pairRun {
 // once kept a connected client waiting for ever).
 func TestRDMACMWithoutConnectTimeout(t *testing.T) {
 	requireOK(t, runPairCM(t, WriteBW, Options{}, Options{Params: Params{Size: 4096, Iters: 50}}))
+}
+
+// TestIdleTimeoutBoundsADeadPathRDMACM: with -R the exchange runs over the
+// path the data takes, so when that path dies in the middle of an -n run
+// (every packet of the client's device lost once both sides started it) the
+// active side cannot tell its peer: it fails on --idle-timeout without
+// waiting for the peer to acknowledge its result, and the passive side
+// (write-bw's server) fails on its own once nothing arrived for
+// --idle-timeout; neither waits for ever.
+func TestIdleTimeoutBoundsADeadPathRDMACM(t *testing.T) {
+	t.Cleanup(func() { testHookRunSide = nil })
+	const limit = 300 * time.Millisecond
+	for _, tc := range []struct {
+		test     Test
+		perftest bool   // perftest's exchange over the channel
+		srv      string // the server's error
+	}{
+		{WriteBW, false, `^nothing received from the peer for 300ms \(--idle-timeout\) during the run: the peer or the path to it is probably dead \(with -R `},
+		{SendBW, false, `^no completion for 300ms \(--idle-timeout\) after 0 of 50 iterations \(-n 50\): `},
+		{WriteBW, true, `^nothing received from the peer for 300ms \(--idle-timeout\) during the run: the peer or the path to it is probably dead \(with -R `},
+		{SendBW, true, `^no completion for 300ms \(--idle-timeout\) after 0 of 50 iterations \(-n 50\): `},
+	} {
+		name := tc.test.String()
+		if tc.perftest {
+			name += "/perftest"
+		}
+		t.Run(name, func(t *testing.T) {
+			// The path dies once both sides are in the run (the server's
+			// last message of the exchange acknowledged).
+			serverIn := make(chan struct{})
+			testHookRunSide = func(s *session) {
+				if s.server {
+					close(serverIn)
+					return
+				}
+				select {
+				case <-serverIn:
+				case <-time.After(20 * time.Second):
+					t.Error("the server did not start its run")
+				}
+				assert.NoError(t, s.dev.SetImpairment(&conn.Impairment{Loss: 1}))
+			}
+			start := time.Now()
+			p := Params{Size: 4096, Iters: 50}
+			r := runPairCM(t, tc.test, Options{Params: p, IdleTimeout: limit},
+				Options{Params: p, IdleTimeout: limit, Perftest: tc.perftest})
+			require.Error(t, r.cliErr)
+			assert.Regexp(t, `^no completion for 300ms \(--idle-timeout\) after 0 of 50 iterations \(-n 50\): `+
+				`the peer or the path to it is probably dead`, r.cliErr.Error())
+			require.Error(t, r.srvErr)
+			assert.Regexp(t, tc.srv, r.srvErr.Error())
+			assert.Less(t, time.Since(start), 20*time.Second)
+		})
+	}
+}
+
+// TestIdleTimeoutPerftestExchange: with perftest's exchange (over TCP) the
+// side waiting for completions fails on --idle-timeout too when every
+// packet is lost (--impair loss=1 on the client), instead of waiting for
+// ever; its peer learns of it when the exchange closes.
+func TestIdleTimeoutPerftestExchange(t *testing.T) {
+	const limit = 300 * time.Millisecond
+	for _, tc := range []struct {
+		test Test
+		p    Params
+		want string
+	}{
+		{WriteBW, Params{Size: 4096, Iters: 50}, `after 0 of 50 iterations \(-n 50\)`},
+		{ReadLat, Params{Size: 64, Iters: 50}, `after 0 of 50 iterations \(-n 50\)`},
+		{SendLat, Params{Size: 64, Iters: 50}, `after 0 of 50 iterations \(-n 50\)`},
+		{SendBW, Params{Size: 4096, Iters: 50}, `after 0 of 50 iterations \(-n 50\)`},
+	} {
+		t.Run(tc.test.String(), func(t *testing.T) {
+			start := time.Now()
+			r := runPairPerftest(t, tc.test, Options{Params: tc.p, IdleTimeout: limit},
+				Options{Params: tc.p, IdleTimeout: limit, Perftest: true, Impair: "loss=1"})
+			require.Error(t, r.cliErr)
+			assert.Regexp(t, `^no completion for 300ms \(--idle-timeout\) `+tc.want+`: the peer or the path to it is probably dead`,
+				r.cliErr.Error())
+			require.Error(t, r.srvErr)
+			assert.Less(t, time.Since(start), 20*time.Second)
+		})
+	}
 }

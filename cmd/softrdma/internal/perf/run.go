@@ -1,6 +1,7 @@
 package perf
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -668,16 +669,27 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 	}
 	// An -n run whose completions stop (a dead peer or path: the QPs
 	// retry for ever) ends after --idle-timeout; the passive side, which
-	// has no completions, learns of it from the active side's result.
+	// has no completions, learns of it from the active side's result,
+	// except with -R, where that result takes the dead path too: there it
+	// watches the packets it receives.
 	ictx, idle := rctx, (*idlewatch.Watch)(nil)
-	if !s.passive() {
+	switch {
+	case !s.passive():
 		ictx, idle = s.watchIdle(rctx)
+	case s.ch != nil:
+		ictx, idle = s.watchPassive(rctx)
 	}
 	s.idle = idle
+	if testHookRunSide != nil {
+		testHookRunSide(s)
+	}
 	mine, runErr := s.runSide(ictx, size, targetFn, known)
 	idle.Stop()
 	s.idle = nil
-	if runErr != nil && idle.Expired() {
+	switch {
+	case runErr != nil && idle.Expired() && s.passive():
+		runErr = s.passiveIdleErr(idle)
+	case runErr != nil && idle.Expired():
 		runErr = s.idleErr(idle, s.asked(size))
 	}
 	if runErr != nil {
@@ -685,6 +697,12 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 	}
 	mine.ODP = s.odpReport()
 	sendErr := s.ctrl.SendJSON(exchange.MsgResult, &mine)
+	var unacked *unackedError
+	if errors.As(sendErr, &unacked) {
+		// -R: the peer did not acknowledge the result (boundWrites): its
+		// own result will not cross the dead path either.
+		return mine, peer, cmp.Or(runErr, sendErr)
+	}
 	pm, waited := s.peerResult(peerc, runErr)
 	if !waited {
 		if runErr != nil {
@@ -732,6 +750,10 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 	}
 	return mine, peer, nil
 }
+
+// testHookRunSide, if set (by tests), is called when a round's run starts
+// (after the barrier, with the idle watch running).
+var testHookRunSide func(s *session)
 
 // iterations is the number of messages a round's result reports.
 func iterations(r *roundResult) int64 {
