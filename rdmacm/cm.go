@@ -235,6 +235,14 @@ func guidOf(gid netip.Addr) uint64 {
 // Counters returns the CM's counters.
 func (cm *CM) Counters() *Counters { return &cm.ctr }
 
+// Retries returns how many times the CM sends a REQ, REP or DREQ again
+// when the peer does not answer (Options.MaxRetries), and how long it
+// waits for an answer each time: Connect gives up on a peer that never
+// answers (ErrTimeout) after (n+1) × every.
+func (cm *CM) Retries() (n int, every time.Duration) {
+	return int(cm.opts.MaxRetries), retransmitAfter(cm.opts.ResponseTimeout)
+}
+
 // QPN returns the GSI QP's number: 1.
 func (cm *CM) QPN() softrdma.QPN { return cm.qp.QPN() }
 

@@ -196,6 +196,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"write-bw", "-D", "99ms"}, "--duration 99ms (-D)"},
 		{[]string{"write-bw", "--connect-timeout=-1s", "h"}, "--connect-timeout -1s: must not be negative"},
 		{[]string{"read-bw", "--connect-timeout", "100000h", "h"}, "--connect-timeout 100000h0m0s: at most 24h0m0s"},
+		{[]string{"write-bw", "-R", "--connect-timeout", "25h", "h"}, "--connect-timeout 25h0m0s: at most 24h0m0s"},
 		{[]string{"write-bw", "--idle-timeout=-1s", "h"}, "--idle-timeout -1s: must not be negative"},
 		{[]string{"send-lat", "--idle-timeout", "100000h"}, "--idle-timeout 100000h0m0s: at most 24h0m0s"},
 		{[]string{"write-bw", "--idle-timeout", "1ms", "h"}, "--idle-timeout 1ms: must be 0 (wait for ever) or at least 100ms"},

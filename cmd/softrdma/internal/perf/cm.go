@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
+	"sync"
 	"time"
 
 	"github.com/softrdma/softrdma"
@@ -121,27 +123,96 @@ func (s *session) runClientCM(ctx context.Context) error {
 	if err := s.cmOpen(); err != nil {
 		return err
 	}
-	dst := netip.AddrPortFrom(server, s.cmPort())
+	if err := s.cmDialChannel(ctx, netip.AddrPortFrom(server, s.cmPort())); err != nil {
+		return err
+	}
+	return s.cmSession(ctx)
+}
+
+// cmProgressEvery is how often a -R client looks at its CM's
+// retransmissions while it waits for the server's first answer.
+const cmProgressEvery = 100 * time.Millisecond
+
+// cmDialChannel connects the channel to the server's rdma_cm port dst
+// (rdma_client_connect). A server that does not answer at all is retried
+// by the CM itself (a REQ every 4.4 s, 15 times: 71 s); after its first
+// retry this side says so, once, on stderr. With --connect-timeout, a REQ
+// rejected because the server does not listen yet is tried again, as a
+// refused TCP connection is, and a server that does not answer is waited
+// for at most that long (the CM's own attempt is cut short, or made again
+// once its retries are used up): the run then fails naming the address.
+func (s *session) cmDialChannel(ctx context.Context, dst netip.AddrPort) error {
+	o := s.o
+	device := s.cmPeerDevice(dst.Addr())
+	retries, every := s.cm.Retries()
 	deadline := time.Now().Add(o.ConnectTimeout)
+	progress := make(chan struct{}) // closed once the line is printed
+	var told sync.Once
+	tell := func() {
+		told.Do(func() {
+			until := fmt.Sprintf("up to %d times, %.0fs", retries, (time.Duration(retries+1) * every).Seconds())
+			if o.ConnectTimeout > 0 {
+				until = fmt.Sprintf("until --connect-timeout %v", o.ConnectTimeout)
+			}
+			s.logf("softrdma: no CM reply from %v (device %v) yet; retrying (%s)", dst, device, until)
+			close(progress)
+		})
+	}
+	base := s.cm.Counters().Retransmits.Load()
+	answered := false // a REJ came: the server's device is up
 	for {
-		dctx, cancel := ctx, context.CancelFunc(func() {})
+		dctx, cancel := context.WithCancel(ctx) // also ends the watch below
 		if o.ConnectTimeout > 0 {
 			dctx, cancel = context.WithDeadline(ctx, deadline)
 		}
+		watchDone := make(chan struct{})
+		go func() { // the CM's first retransmission of the REQ
+			defer close(watchDone)
+			tick := time.NewTicker(cmProgressEvery)
+			defer tick.Stop()
+			for {
+				select {
+				case <-dctx.Done():
+					return
+				case <-progress:
+					return
+				case <-tick.C:
+					if s.cm.Counters().Retransmits.Load() != base {
+						tell()
+						return
+					}
+				}
+			}
+		}()
+		var err error
 		s.ch, err = cmchan.Dial(dctx, s.cm, s.dev, s.pd, dst, s.cmChannelParam())
 		cancel()
+		<-watchDone
 		if err == nil {
-			break
+			return nil
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		// A server whose device is up but that does not listen yet
-		// rejects the REQ ("invalid service ID"): try again, as
-		// --connect-timeout does for a refused TCP connection.
 		var rej *rdmacm.RejectError
-		if !errors.As(err, &rej) || rej.Reason != mad.RejInvalidServiceID || time.Now().Add(retryEvery).After(deadline) {
-			return fmt.Errorf("connect to the server: rdma_cm %v (device %v): %w", dst, s.cmPeerDevice(server), err)
+		rejected := errors.As(err, &rej)
+		answered = answered || rejected
+		late := time.Now().Add(retryEvery).After(deadline)
+		switch {
+		case o.ConnectTimeout > 0 && !answered && (errors.Is(err, context.DeadlineExceeded) ||
+			errors.Is(err, rdmacm.ErrTimeout) && late):
+			return fmt.Errorf("connect to the server: no CM reply from rdma_cm %v (device %v) within --connect-timeout %v: "+
+				"is a server running there with -R?", dst, device, o.ConnectTimeout)
+		case o.ConnectTimeout > 0 && errors.Is(err, rdmacm.ErrTimeout) && !late:
+			// The CM's retries are used up and time is left: try again.
+			base = s.cm.Counters().Retransmits.Load()
+			continue
+		case !rejected || rej.Reason != mad.RejInvalidServiceID || late:
+			// A server whose device is up but that does not listen yet
+			// rejects the REQ ("invalid service ID"): that alone is
+			// tried again, as --connect-timeout does for a refused TCP
+			// connection.
+			return fmt.Errorf("connect to the server: rdma_cm %v (device %v): %w", dst, device, err)
 		}
 		select {
 		case <-time.After(retryEvery):
@@ -149,7 +220,6 @@ func (s *session) runClientCM(ctx context.Context) error {
 			return ctx.Err()
 		}
 	}
-	return s.cmSession(ctx)
 }
 
 // cmPeerDevice is the UDP address where the CM sends its MADs.
@@ -199,7 +269,11 @@ func (s *session) runServerCM(ctx context.Context) error {
 // cmSession runs the exchange over the channel: perftest's, or softrdma's
 // when both offer it, as over TCP.
 func (s *session) cmSession(ctx context.Context) error {
-	pt := exchange.NewPerftest(s.ch, !s.server)
+	var c net.Conn = s.ch
+	if s.o.IdleTimeout > 0 {
+		c = boundWrites{s.ch, s.o.IdleTimeout}
+	}
+	pt := exchange.NewPerftest(c, !s.server)
 	pt.RDMACM = true
 	// Closing the channel ends any read or write of it: Ctrl-C ends the
 	// run at any point (a dead peer would otherwise be waited for as long
@@ -214,7 +288,7 @@ func (s *session) cmSession(ctx context.Context) error {
 		s.pt = pt
 		return s.runPerftest(ctx)
 	}
-	if s.ctrl, err = exchange.New(s.ch); err != nil {
+	if s.ctrl, err = exchange.New(c); err != nil {
 		return err
 	}
 	if s.server {
@@ -230,6 +304,40 @@ func (s *session) cmSession(ctx context.Context) error {
 	s.cmEnd(err == nil)
 	return err
 }
+
+// boundWrites is the -R channel with each Write bounded by limit
+// (--idle-timeout): the channel is an RC connection over the path the data
+// QPs take, retrying for ever (retry_cnt 7) as they do, so a message the
+// peer does not acknowledge within the limit means a dead peer or path, as
+// a missing completion does. (A Write that fails so leaves the channel
+// unusable: cmchan moves its QP to ERR.)
+type boundWrites struct {
+	*cmchan.Conn
+	limit time.Duration
+}
+
+func (c boundWrites) Write(b []byte) (int, error) {
+	c.SetWriteDeadline(time.Now().Add(c.limit))
+	n, err := c.Conn.Write(b)
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		err = &unackedError{c.limit, err}
+	}
+	return n, err
+}
+
+// unackedError is a message of the -R exchange that the peer did not
+// acknowledge within --idle-timeout (boundWrites).
+type unackedError struct {
+	limit time.Duration
+	err   error
+}
+
+func (e *unackedError) Error() string {
+	return fmt.Sprintf("the peer did not acknowledge a message of the exchange (over rdma_cm) within %v (--idle-timeout): "+
+		"the peer or the path to it is probably dead (--idle-timeout 0 waits for ever)", e.limit)
+}
+
+func (e *unackedError) Unwrap() error { return e.err }
 
 // cmConnectQPs connects the round's QPs through the CM, in order (the
 // client connects, the server accepts), and takes their addresses, QPNs

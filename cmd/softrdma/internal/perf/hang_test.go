@@ -108,6 +108,52 @@ func TestSetupRefusesGarbage(t *testing.T) {
 	})
 }
 
+// TestSetupPeerClosed: a peer that connects and closes (or resets) the
+// connection before its version is named, as the other setup errors name
+// it, on either side.
+func TestSetupPeerClosed(t *testing.T) {
+	t.Run("server", func(t *testing.T) {
+		for _, reset := range []bool{false, true} {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			require.NoError(t, err)
+			done := make(chan error, 1)
+			go func() {
+				_, err := Run(context.Background(), &Options{Test: WriteBW, Listener: ln, Bind: "127.0.0.1:0"})
+				done <- err
+			}()
+			c, err := net.Dial("tcp", ln.Addr().String())
+			require.NoError(t, err)
+			if reset {
+				c.(*net.TCPConn).SetLinger(0)
+			}
+			peer := c.LocalAddr().String()
+			c.Close()
+			select {
+			case err := <-done:
+				assert.EqualError(t, err, "the peer at "+peer+" closed the connection before sending its version", "reset %v", reset)
+			case <-time.After(20 * time.Second):
+				t.Fatal("the server waits for ever for a client that left")
+			}
+		}
+	})
+	t.Run("client", func(t *testing.T) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		defer ln.Close()
+		go func() {
+			c, err := ln.Accept()
+			if err == nil {
+				io.ReadFull(c, make([]byte, 16)) // the client's version, then nothing
+				c.Close()
+			}
+		}()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, err = Run(ctx, &Options{Test: WriteBW, Server: "127.0.0.1", Port: ln.Addr().(*net.TCPAddr).Port, Bind: "127.0.0.1:0"})
+		assert.EqualError(t, err, "the peer at "+ln.Addr().String()+" closed the connection before sending its version")
+	})
+}
+
 // TestIdleTimeoutBoundsADeadPath: in an -n run whose packets are all lost
 // (--impair loss=1 on the client: the QPs retry for ever, retry_cnt 7 as
 // on rxe), the side waiting for completions fails once none came for

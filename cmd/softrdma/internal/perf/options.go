@@ -225,7 +225,11 @@ type Options struct {
 	// long (--idle-timeout; 0: no bound, the library's default): the QPs
 	// retry for ever (retry_cnt 7, as on rxe), so a dead peer or path
 	// would keep it going. Each completion restarts it. A -D run is
-	// bounded by its drain limit instead.
+	// bounded by its drain limit instead. A side with no completions
+	// (write-bw's server, ...) learns of its peer's expiry over the
+	// exchange, or, with RDMACM or perftest's exchange, where it cannot,
+	// watches the packets it receives. With RDMACM every message of the
+	// exchange must also be acknowledged within it.
 	IdleTimeout time.Duration
 	// Bind is the RoCEv2 device's address: "IP" or "IP:port". The default
 	// is the IP of the TCP connection (the one that reaches the peer) and

@@ -156,7 +156,7 @@ func (s *session) ptRun(ctx context.Context) error {
 		pt.SetDeadline(s.setupEnd)
 	}
 	if s.pm.cycle, s.pm.cacheLine, err = pt.SysData(os.Getpagesize(), ptCacheLine); err != nil {
-		return s.setupErr(ctx, err)
+		return s.setupErr(ctx, "system data", err)
 	}
 	if s.pm.cycle < pageSize || s.pm.cycle > 1<<30 || s.pm.cacheLine < 8 || s.pm.cacheLine > s.pm.cycle {
 		return fmt.Errorf("perftest peer: cycle buffer %d and cache line %d are not usable", s.pm.cycle, s.pm.cacheLine)
@@ -167,7 +167,7 @@ func (s *session) ptRun(ctx context.Context) error {
 	}
 	mtu, err := pt.MTU(int(mtuCode(mine)))
 	if err != nil {
-		return s.setupErr(ctx, err)
+		return s.setupErr(ctx, "MTU", err)
 	}
 	if !s.setupEnd.IsZero() {
 		pt.SetDeadline(time.Time{})
@@ -444,10 +444,50 @@ func (s *session) ptRunSide(ctx context.Context, sizes []int64) error {
 	w, text := s.o.Stdout, !s.o.JSON
 	row := func(r *roundResult) { s.addRow(w, text, r, &roundResult{}) }
 	none := func() (int64, bool) { return 0, false }
+	// --idle-timeout, as in a round of softrdma's exchange; a passive side
+	// (no completions) watches the packets it receives, and waits in
+	// perftest's exchange, which the watch closes when it expires.
+	ictx, idle := s.watchIdle(ctx)
+	if s.passive() {
+		ictx, idle = s.watchPassive(ctx)
+		stop := context.AfterFunc(ictx, func() {
+			if idle.Expired() {
+				s.pt.Close(false)
+			}
+		})
+		defer stop()
+	}
+	s.idle = idle
+	if testHookRunSide != nil {
+		testHookRunSide(s)
+	}
+	asked := s.p.Iters
+	if !s.test.IsLat() {
+		asked *= int64(s.p.QPs)
+	}
+	// ran ends the watch once this side's part is done (the first call;
+	// the next ones return err).
+	stopped := false
+	ran := func(err error) error {
+		if stopped {
+			return err
+		}
+		stopped = true
+		idle.Stop()
+		s.idle = nil
+		switch {
+		case err != nil && idle.Expired() && s.passive():
+			return s.passiveIdleErr(idle)
+		case err != nil && idle.Expired():
+			return s.idleErr(idle, asked)
+		}
+		return err
+	}
+	defer ran(nil)
 	switch {
 	case s.test == WriteLat || s.test == SendLat:
-		lat, n, err := s.pingPong(ctx, sizes[0], none, nil)
-		if err != nil {
+		lat, n, err := s.pingPong(ictx, sizes[0], none, nil)
+		if err := ran(err); err != nil {
 			return err
 		}
 		row(&roundResult{Lat: &lat, Counts: []int64{n}})
@@ -459,13 +499,13 @@ func (s *session) ptRunSide(ctx context.Context, sizes []int64) error {
 		return s.ptClose(s.test == SendLat)
 	case s.test == ReadLat:
 		if !s.server {
-			lat, n, err := s.readLat(ctx, sizes[0])
-			if err != nil {
+			lat, n, err := s.readLat(ictx, sizes[0])
+			if err := ran(err); err != nil {
 				return err
 			}
 			row(&roundResult{Lat: &lat, Counts: []int64{n}})
 		}
-		if err := s.ptHandShake(0); err != nil {
+		if err := ran(s.ptHandShake(0)); err != nil { // the server: the client finished
 			return err
 		}
 		return s.ptClose(true)
@@ -473,17 +513,16 @@ func (s *session) ptRunSide(ctx context.Context, sizes []int64) error {
 		var bw report.BW
 		var err error
 		if s.server {
-			total := s.p.Iters * int64(s.p.QPs)
 			known := make(chan struct{})
 			close(known)
-			bw, err = s.sendBWServer(ctx, sizes[0], func() (int64, bool) { return total, true }, known)
+			bw, err = s.sendBWServer(ictx, sizes[0], func() (int64, bool) { return asked, true }, known)
 			if err == nil && s.p.Verify {
 				s.pm.checked = append(s.pm.checked, fmt.Sprintf("%d messages of %d bytes received", bw.Iterations, sizes[0]))
 			}
 		} else {
-			bw, _, err = s.bwClient(ctx, sizes[0])
+			bw, _, err = s.bwClient(ictx, sizes[0])
 		}
-		if err != nil {
+		if err := ran(err); err != nil {
 			return err
 		}
 		row(&roundResult{BW: &bw})
@@ -496,15 +535,16 @@ func (s *session) ptRunSide(ctx context.Context, sizes []int64) error {
 	var last report.BW
 	if !s.server {
 		for _, size := range sizes {
-			bw, _, err := s.bwClient(ctx, size)
+			bw, _, err := s.bwClient(ictx, size)
 			if err != nil {
-				return err
+				return ran(err)
 			}
 			row(&roundResult{BW: &bw})
 			last = bw
 		}
+		ran(nil)
 	}
-	if err := s.ptHandShake(0); err != nil { // the client finished
+	if err := ran(s.ptHandShake(0)); err != nil { // the client finished (the server's part)
 		return err
 	}
 	if s.server && s.test == AtomicBW && s.p.Verify {

@@ -203,6 +203,65 @@ func (s *session) watchIdle(ctx context.Context) (context.Context, *idlewatch.Wa
 	return idlewatch.Start(ctx, s.o.IdleTimeout)
 }
 
+// Where --idle-timeout applies: the part of a round (-n) that waits for
+// completions, over TCP or -R, with softrdma's or perftest's exchange
+// (watchIdle); a passive side's wait for its peer's result where the peer
+// cannot send it (watchPassive), and, with -R, every message this side
+// sends over the exchange (boundWrites). Where it does not, and why:
+//   - -D runs: bounded by their drain limit (drainLimit) instead.
+//   - A passive side over TCP with softrdma's exchange keeps waiting for
+//     its peer's result: TCP does not take the RoCEv2 path, so a peer
+//     whose completions stopped can say so (and a dead peer's host is
+//     found by TCP's keep-alive).
+//   - With -R, a wait to receive a message of the exchange outside a
+//     round's run (the server's wait for the hello, the client's for the
+//     reply, a barrier) is not bounded: there are no completions or data
+//     packets to watch and the channel has no keep-alive. (At a barrier
+//     each side sends first, and that send is bounded.)
+
+// watchPassive is watchIdle for a side with no completions of its own
+// (passive: the server of write-bw, read-bw, atomic-bw and read-lat)
+// whose peer cannot tell it that the run died: with -R the exchange runs
+// over the same path as the data, so a dead path keeps the peer's news
+// from arriving; perftest's exchange has no message for it. Its progress
+// is a packet received by its device (the peer's requests, retried for
+// ever while the peer lives and the path carries them).
+func (s *session) watchPassive(ctx context.Context) (context.Context, *idlewatch.Watch) {
+	ictx, w := s.watchIdle(ctx)
+	if w == nil {
+		return ctx, nil
+	}
+	rx := &s.dev.Counters().RcvdPkts
+	go func() {
+		last := rx.Load()
+		tick := time.NewTicker(max(w.Limit()/8, time.Millisecond))
+		defer tick.Stop()
+		for {
+			select {
+			case <-ictx.Done():
+				return
+			case <-tick.C:
+				if n := rx.Load(); n != last {
+					last = n
+					w.Progress()
+				}
+			}
+		}
+	}()
+	return ictx, w
+}
+
+// passiveIdleErr is the error of a passive side's run that watchPassive
+// ended.
+func (s *session) passiveIdleErr(w *idlewatch.Watch) error {
+	why := "perftest's exchange cannot say that the peer's run failed"
+	if s.ch != nil {
+		why = "with -R the exchange runs over that path too, so the peer cannot say it"
+	}
+	return fmt.Errorf("nothing received from the peer for %v (--idle-timeout) during the run: "+
+		"the peer or the path to it is probably dead (%s; --idle-timeout 0 waits for ever)", w.Limit(), why)
+}
+
 // idleErr is the error of a run that the watch ended: asked is the
 // number of iterations the run was to do (all QPs').
 func (s *session) idleErr(w *idlewatch.Watch, asked int64) error {

@@ -1,6 +1,7 @@
 package perf
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -283,7 +284,7 @@ func (s *session) exchangeVersions(ctx context.Context, c net.Conn, pt *exchange
 	c.SetDeadline(time.Time{})
 	if err != nil {
 		c.Close()
-		return false, ctxErr(ctx, s.setupErr(ctx, err))
+		return false, ctxErr(ctx, s.setupErr(ctx, "version", err))
 	}
 	return native, nil
 }
@@ -297,30 +298,42 @@ func (s *session) setupCtx(ctx context.Context) (context.Context, context.Cancel
 	return context.WithDeadline(ctx, s.setupEnd)
 }
 
-// setupErr explains err, an error of the exchange's setup, when the peer
-// is not a softrdma or perftest tool: it sent something else, or nothing
-// within the setup time limit (not ctx's own end).
-func (s *session) setupErr(ctx context.Context, err error) error {
+// setupErr explains err, an error of the exchange's setup step that
+// waits for what (the peer's "version", "hello", ...), when the peer is
+// not a softrdma or perftest tool: it sent something else, or nothing
+// within the setup time limit (not ctx's own end); or when it closed the
+// connection before that step.
+func (s *session) setupErr(ctx context.Context, what string, err error) error {
 	var np *exchange.NotPeerError
 	switch {
 	case errors.As(err, &np):
 		return fmt.Errorf("the peer at %s is not a softrdma or perftest peer: it sent %q", s.peerTCP, np.Got)
 	case ctx.Err() == nil && (errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, context.DeadlineExceeded)):
-		return &setupTimeoutError{fmt.Sprintf("the peer at %s connected but did not complete the exchange within %v: "+
+		return &setupError{fmt.Sprintf("the peer at %s connected but did not complete the exchange within %v: "+
 			"is it a softrdma or perftest peer?", s.peerTCP, s.setupLimit), err}
+	case ctx.Err() == nil && s.peerTCP != "" && peerClosed(err):
+		// (With -R there is no TCP peer: the channel's own error says it.)
+		return &setupError{fmt.Sprintf("the peer at %s closed the connection before sending its %s", s.peerTCP, what), err}
 	}
 	return err
 }
 
-// setupTimeoutError is a setup that did not complete in time; it reads as
-// its message and unwraps to the timeout.
-type setupTimeoutError struct {
+// peerClosed reports whether err is a connection the peer closed or reset.
+func peerClosed(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}
+
+// setupError is a setup that did not complete (in time, or at all: the
+// peer closed the connection); it reads as its message and unwraps to the
+// cause.
+type setupError struct {
 	msg string
 	err error
 }
 
-func (e *setupTimeoutError) Error() string { return e.msg }
-func (e *setupTimeoutError) Unwrap() error { return e.err }
+func (e *setupError) Error() string { return e.msg }
+func (e *setupError) Unwrap() error { return e.err }
 
 // clientParams sets the test parameters a client sends in its hello: its
 // flags, perftest's defaults, a pattern seed, its --file's size.
@@ -351,7 +364,7 @@ func (s *session) clientHello(ctx context.Context) error {
 	hctx, cancel := s.setupCtx(ctx)
 	defer cancel()
 	if err := s.ctrl.RecvJSON(hctx, exchange.MsgReply, &r); err != nil {
-		return s.setupErr(ctx, err)
+		return s.setupErr(ctx, "reply", err)
 	}
 	s.p.MTU = agreeMTU(s.p.MTU, r.MTU)
 	if r.FileSize >= 0 {
@@ -497,7 +510,7 @@ func (s *session) serverHello(ctx context.Context) error {
 	hctx, cancel := s.setupCtx(ctx)
 	defer cancel()
 	if err := s.ctrl.RecvJSON(hctx, exchange.MsgHello, &s.p); err != nil {
-		return s.setupErr(ctx, err)
+		return s.setupErr(ctx, "hello", err)
 	}
 	if err := s.p.Validate(s.test); err != nil {
 		return err
@@ -656,16 +669,27 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 	}
 	// An -n run whose completions stop (a dead peer or path: the QPs
 	// retry for ever) ends after --idle-timeout; the passive side, which
-	// has no completions, learns of it from the active side's result.
+	// has no completions, learns of it from the active side's result,
+	// except with -R, where that result takes the dead path too: there it
+	// watches the packets it receives.
 	ictx, idle := rctx, (*idlewatch.Watch)(nil)
-	if !s.passive() {
+	switch {
+	case !s.passive():
 		ictx, idle = s.watchIdle(rctx)
+	case s.ch != nil:
+		ictx, idle = s.watchPassive(rctx)
 	}
 	s.idle = idle
+	if testHookRunSide != nil {
+		testHookRunSide(s)
+	}
 	mine, runErr := s.runSide(ictx, size, targetFn, known)
 	idle.Stop()
 	s.idle = nil
-	if runErr != nil && idle.Expired() {
+	switch {
+	case runErr != nil && idle.Expired() && s.passive():
+		runErr = s.passiveIdleErr(idle)
+	case runErr != nil && idle.Expired():
 		runErr = s.idleErr(idle, s.asked(size))
 	}
 	if runErr != nil {
@@ -673,6 +697,12 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 	}
 	mine.ODP = s.odpReport()
 	sendErr := s.ctrl.SendJSON(exchange.MsgResult, &mine)
+	var unacked *unackedError
+	if errors.As(sendErr, &unacked) {
+		// -R: the peer did not acknowledge the result (boundWrites): its
+		// own result will not cross the dead path either.
+		return mine, peer, cmp.Or(runErr, sendErr)
+	}
 	pm, waited := s.peerResult(peerc, runErr)
 	if !waited {
 		if runErr != nil {
@@ -720,6 +750,10 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 	}
 	return mine, peer, nil
 }
+
+// testHookRunSide, if set (by tests), is called when a round's run starts
+// (after the barrier, with the idle watch running).
+var testHookRunSide func(s *session)
 
 // iterations is the number of messages a round's result reports.
 func iterations(r *roundResult) int64 {
