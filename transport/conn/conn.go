@@ -197,7 +197,8 @@ func (d Direction) String() string {
 
 // Tap sees every datagram that crosses the wire: each one handed to the
 // kernel (after tx impairment, with its final ICRC) and each one read from
-// it (before rx impairment, whether or not its ICRC is good). ipID is the
+// it (before rx impairment, whether or not its ICRC is good, and those too
+// short to hold a packet, which are then dropped). ipID is the
 // IPv4 Identification the datagram carries on the wire (sent: what the
 // kernel assigns; received: the one its ICRC verified with, or the first
 // guess if it did not verify); it is 0 for IPv6.

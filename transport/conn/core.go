@@ -535,6 +535,9 @@ func (c *core) nextArrival() (it item, ok, more bool) {
 	c.stats.RcvdBytes.Add(uint64(len(b)))
 	if len(b) < MinPacketSize {
 		c.stats.Short.Add(1)
+		if t := c.tap.Load(); t != nil {
+			t.t.Packet(DirRx, from, c.local, 0, b) // what arrived, though it is dropped
+		}
 		c.pool.put(pb)
 		return item{}, false, true
 	}

@@ -1,6 +1,7 @@
 package conn_test
 
 import (
+	"bytes"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -115,7 +116,8 @@ func TestUDPIPv6RoundTrip(t *testing.T) {
 
 func TestUDPBadICRCDroppedAndCounted(t *testing.T) {
 	a := listen(t, conn.Config{})
-	b := listen(t, conn.Config{})
+	tap := &rxTap{}
+	b := listen(t, conn.Config{Tap: tap})
 	// A plain socket sends packets with wrong and right ICRCs.
 	raw, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(loopback, 0)))
 	require.NoError(t, err)
@@ -141,6 +143,27 @@ func TestUDPBadICRCDroppedAndCounted(t *testing.T) {
 	require.Equal(t, uint64(1), s.BadICRC)
 	require.Equal(t, uint64(1), s.Short)
 	require.Equal(t, uint64(4), s.RcvdDatagrams)
+	// The tap (a --pcap) saw every datagram received, the dropped ones
+	// too, as they arrived.
+	tap.mu.Lock()
+	defer tap.mu.Unlock()
+	require.Equal(t, [][]byte{bad, short, good}, tap.got[:3])
+	require.Len(t, tap.got, 4)
+}
+
+// rxTap keeps a copy of every datagram received.
+type rxTap struct {
+	mu  sync.Mutex
+	got [][]byte
+}
+
+func (r *rxTap) Packet(dir conn.Direction, src, dst netip.AddrPort, id uint16, roce []byte) {
+	if dir != conn.DirRx {
+		return
+	}
+	r.mu.Lock()
+	r.got = append(r.got, bytes.Clone(roce))
+	r.mu.Unlock()
 }
 
 func TestUDPSendRejectsBadPackets(t *testing.T) {
