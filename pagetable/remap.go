@@ -68,9 +68,11 @@ func (t *Table) FramePin() *hostmem.FramePin { return t.fp }
 
 // StartTracking begins the dirty tracking of a remap: direct access is
 // turned off, so that every copy walks the entries, the Dirty bits are
-// cleared, and from now on every page the NIC writes gets its Dirty bit.
-// The caller must first have withdrawn the key's linear mapping and waited
-// for the copies that used it (stag ClearLinear, Synchronize, Drain).
+// cleared, and every copy that starts from now on sets the Dirty bit of
+// the pages it writes. A copy already past its check (direct, or tracking
+// off) sets none: the caller withdraws the key's linear mapping first
+// (stag ClearLinear) and, after StartTracking, waits for the copies in
+// flight (Synchronize, Drain) before it reads the pages.
 func (t *Table) StartTracking() {
 	t.direct.Store(false)
 	t.seq.Add(1)

@@ -46,6 +46,11 @@ type Remapping struct {
 // address-space memory can be remapped.
 var ErrNotRemappable = fmt.Errorf("placement: remap needs an MR on the device's address space (pinned or explicit ODP): %w", ErrNotSupported)
 
+// testHookRemapDrained, when set (tests only), runs in PrepareRemap of a
+// pinned MR once the copies in flight have been waited for, before the
+// pre-copy.
+var testHookRemapDrained func(mr *MR)
+
 // PrepareRemap starts the remap of mr: dirty tracking on (for a pinned
 // MR its linear mapping is withdrawn first, and the copies in flight
 // waited for, so that every write is seen), new frames reserved and
@@ -72,9 +77,17 @@ func (e *Engine) PrepareRemap(mr *MR) (*Remapping, error) {
 		if err := e.mrs.ClearLinear(mr.key); err != nil {
 			return nil, fmt.Errorf("placement: remap: %w: %w", err, ErrInvalid)
 		}
+		// Tracking starts before the wait, not after it: a copy that
+		// found the table direct (Table.CopyIn's direct path) or
+		// tracking off sets no Dirty bit, and the wait is what makes
+		// sure none is still running when the pre-copy reads the pages.
+		// A copy that starts after the wait sets its bits.
+		mr.table.StartTracking()
 		e.mrs.Synchronize()
 		mr.entry.Drain()
-		mr.table.StartTracking()
+		if testHookRemapDrained != nil {
+			testHookRemapDrained(mr)
+		}
 		if r.m, err = mr.table.FramePin().PrepareMigrate(); err != nil {
 			r.restoreLinear()
 			return nil, operr.Wrap("placement", "remap", err)

@@ -107,3 +107,54 @@ func testRemapWritesDuringTheViewSwitch(t *testing.T, odp bool) {
 		require.Equal(t, "after", string(buf[100:105]))
 	}
 }
+
+// TestRemapPinnedTracksAWriteThatStartedBeforeTracking: a WRITE whose
+// packet reaches a pinned MR's table after PrepareRemap has withdrawn the
+// linear mapping and waited for the copies in flight, but before dirty
+// tracking starts, takes the table's direct path (CopyIn finds the table
+// direct) and sets no Dirty bit; if its bytes land after the pre-copy
+// copied the page, Commit does not copy the page again and the WRITE is
+// lost when the view switches. Tracking must start before the wait, so
+// that the wait covers every copy that may have missed it.
+func TestRemapPinnedTracksAWriteThatStartedBeforeTracking(t *testing.T) {
+	as, err := hostmem.NewAddressSpace(hostmem.Config{Size: 16 << 20})
+	require.NoError(t, err)
+	e := placement.New(placement.Config{AddressSpace: as})
+	buf, err := as.Alloc(4 * 4096)
+	require.NoError(t, err)
+	mr, err := e.RegMR(pd1, buf, all)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		require.NoError(t, e.DeregMR(mr))
+		require.NoError(t, as.Free(hostmem.AddrOf(buf), len(buf)))
+		require.NoError(t, as.Close())
+	})
+	msg := []byte("placed across the start of the remap's tracking")
+	const off = 2*4096 + 100
+	var c placement.Cursor
+	var held []byte // the NIC-side bytes of a copy past its direct check
+	undo := placement.SetRemapDrainedHook(func(m *placement.MR) {
+		// A packet arrives now: its WRITE begins (the linear mapping
+		// is gone, so it goes through the table), and its copy gets
+		// past the table's check.
+		require.Equal(t, placement.OK, e.Begin(&c, pd1, mr.RKey(), mr.Addr()+off, uint64(len(msg)), stag.AccessRemoteWrite))
+		held = m.DirectBytes()
+	})
+	r, err := e.PrepareRemap(mr)
+	undo()
+	require.NoError(t, err)
+	// The copy lands after the pre-copy.
+	if held != nil {
+		copy(held[off:], msg)
+	} else {
+		require.Equal(t, placement.OK, e.Write(&c, msg))
+	}
+	e.End(&c)
+	require.Equal(t, msg, buf[off:off+len(msg)], "the application's view (old frames) has it")
+	require.NoError(t, e.SuspendMR(mr))
+	require.NoError(t, r.Commit())
+	require.NoError(t, e.ResumeMR(mr))
+	require.NoError(t, r.Finish())
+	r.Release()
+	require.Equal(t, string(msg), string(buf[off:off+len(msg)]), "the WRITE is in the new frames")
+}
