@@ -42,3 +42,25 @@ func (t *ODP) EvictRange(iova, n uint64) int {
 	}
 	return t.clear(first, count, true)
 }
+
+// CopyInHeld is CopyIn of b at iova (pages present and writable) that
+// calls held once its bytes are in the application's view, before the
+// rest of the write (the mirror, the Dirty bits) and its exit from the
+// copy section. It reports whether the check passed.
+func (t *ODP) CopyInHeld(iova uint64, b []byte, held func()) bool {
+	first, count, in := t.pages(iova, uint64(len(b)))
+	if !in {
+		return false
+	}
+	ep := t.enter()
+	defer t.exit(ep)
+	if t.check(first, count, Present|Writable) != OK {
+		return false
+	}
+	t.write(first, count, iova-t.base, b, held)
+	return true
+}
+
+// Mirroring reports whether a mirror is started (StartMirror) and not yet
+// ended (SwitchMirrored).
+func (t *ODP) Mirroring() bool { return t.mirror.Load() != nil }
