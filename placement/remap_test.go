@@ -1,8 +1,10 @@
 package placement_test
 
 import (
+	"runtime"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/softrdma/softrdma/hostmem"
@@ -157,4 +159,49 @@ func TestRemapPinnedTracksAWriteThatStartedBeforeTracking(t *testing.T) {
 	require.NoError(t, r.Finish())
 	r.Release()
 	require.Equal(t, string(msg), string(buf[off:off+len(msg)]), "the WRITE is in the new frames")
+}
+
+// TestDeregMRWaitsForARemap: a pinned MR deregistered between the remap's
+// Commit and its Finish (traffic resumed, the view not yet switched) must
+// not release the table and the pin that the remap is moving: DeregMR
+// waits until the remap is over, and then releases the new frames' pin.
+// Before, it unpinned the old frames at once, Finish met a table without
+// its pin (a nil dereference), and Release would have unpinned the old
+// frames a second time while the new ones stayed pinned.
+func TestDeregMRWaitsForARemap(t *testing.T) {
+	as, err := hostmem.NewAddressSpace(hostmem.Config{Size: 16 << 20})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, as.Close()) })
+	e := placement.New(placement.Config{AddressSpace: as})
+	buf, err := as.Alloc(4 * 4096)
+	require.NoError(t, err)
+	mr, err := e.RegMR(pd1, buf, all)
+	require.NoError(t, err)
+	r, err := e.PrepareRemap(mr)
+	require.NoError(t, err)
+	_, err = e.PrepareRemap(mr)
+	require.ErrorIs(t, err, placement.ErrBusy, "one remap of an MR at a time")
+	require.NoError(t, e.SuspendMR(mr))
+	require.NoError(t, r.Commit())
+	require.NoError(t, e.ResumeMR(mr))
+	dereg := make(chan error, 1)
+	go func() { dereg <- e.DeregMR(mr) }()
+	early := false
+	for i := 0; i < 20000 && !early; i++ {
+		runtime.Gosched()
+		select {
+		case err := <-dereg:
+			dereg <- err
+			early = true
+		default:
+		}
+	}
+	require.NotPanics(t, func() {
+		assert.NoError(t, r.Finish())
+		r.Release()
+	})
+	require.NoError(t, <-dereg)
+	require.False(t, early, "DeregMR returned while the remap was in progress")
+	require.Zero(t, e.PinnedBytes(), "the pin (on the new frames) is released")
+	require.NoError(t, as.Free(hostmem.AddrOf(buf), len(buf)))
 }
