@@ -402,12 +402,14 @@ func (t *ODP) StartTracking() {
 func (t *ODP) StopTracking() { t.track.Store(false) }
 
 // DirtyPages returns the pages among the npages pages from iova's page
-// that were written since StartTracking, as indices from iova's page.
+// that were written since StartTracking, as indices from iova's page. iova
+// may lie below the region's first byte in its first page (a remap asks
+// from the page boundary): the pages are the table's, not the region's.
 func (t *ODP) DirtyPages(iova uint64, npages int) []int {
-	first, _, ok := t.pages(iova, 1)
-	if !ok {
+	if iova < t.base || iova-t.base >= t.npages<<PageShift {
 		return nil
 	}
+	first := (iova - t.base) >> PageShift
 	var out []int
 	for i := range npages {
 		if first+uint64(i) >= t.npages {

@@ -205,3 +205,48 @@ func TestDeregMRWaitsForARemap(t *testing.T) {
 	require.Zero(t, e.PinnedBytes(), "the pin (on the new frames) is released")
 	require.NoError(t, as.Free(hostmem.AddrOf(buf), len(buf)))
 }
+
+// TestRemapODPUnalignedMRRecopiesDirtyPages: an ODP MR that does not start
+// on a page boundary; a WRITE placed after the pre-copy marks its page
+// dirty, and Commit must copy that page again. Asking the table for the
+// dirty pages from the MR's first page boundary (below the MR's address)
+// found none, and the WRITE was lost at the view switch.
+func TestRemapODPUnalignedMRRecopiesDirtyPages(t *testing.T) {
+	as, err := hostmem.NewAddressSpace(hostmem.Config{Size: 16 << 20})
+	require.NoError(t, err)
+	e := placement.New(placement.Config{AddressSpace: as})
+	all, err := as.Alloc(3 * 4096)
+	require.NoError(t, err)
+	buf := all[100:]
+	mr, err := e.RegMR(pd1, buf, rw|stag.AccessOnDemand)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		require.NoError(t, e.DeregMR(mr))
+		require.NoError(t, as.Free(hostmem.AddrOf(all), len(all)))
+		require.NoError(t, as.Close())
+	})
+	msg := []byte("placed during the pre-copy")
+	off := uint64(4096 + 50)
+	write := func() {
+		t.Helper()
+		var c placement.Cursor
+		require.Equal(t, placement.OK, e.Begin(&c, pd1, mr.RKey(), mr.Addr()+off, uint64(len(msg)), stag.AccessRemoteWrite))
+		st := e.Write(&c, msg)
+		if st == placement.WouldFault {
+			require.Equal(t, placement.OK, e.FaultCursor(&c, uint64(len(msg))))
+			st = e.Write(&c, msg)
+		}
+		require.Equal(t, placement.OK, st)
+		e.End(&c)
+	}
+	r, err := e.PrepareRemap(mr)
+	require.NoError(t, err)
+	write() // after the pre-copy: its page is dirty
+	require.NoError(t, e.SuspendMR(mr))
+	require.NoError(t, r.Commit())
+	require.NoError(t, e.ResumeMR(mr))
+	require.NoError(t, r.Finish())
+	r.Release()
+	require.Equal(t, string(msg), string(buf[off:off+uint64(len(msg))]), "the new frames have the WRITE")
+	require.Equal(t, 1, r.Recopied, "the written page is copied again")
+}
