@@ -1,12 +1,15 @@
 package pagetable
 
+import "github.com/softrdma/softrdma/hostmem"
+
 // RaceEnabled exports raceEnabled to the external tests.
 const RaceEnabled = raceEnabled
 
-// MirrorWord64 is mirrorWord64 with a mirror loaded earlier (m) and the
-// word w found with it: what an atomic that raced SwitchFrames holds.
-func (t *Table) MirrorWord64(m *Mirror, iova uint64, w *uint64, op func(*uint64) uint64) (uint64, Result) {
-	return t.mirrorWord64(m.pages, iova, w, op)
+// MirrorWord64 is mirrorWord64 with a mirror loaded earlier (m): what an
+// atomic that raced SwitchFrames holds (it found its word with the mirror,
+// before the switch).
+func (t *Table) MirrorWord64(m *Mirror, iova uint64, op func(*uint64) uint64) (uint64, Result) {
+	return t.mirrorWord64(m.pages, iova, op)
 }
 
 // EnterCopy starts a copy of [iova, iova+n) as CopyIn does (write) and
@@ -41,4 +44,32 @@ func (t *ODP) EvictRange(iova, n uint64) int {
 		return 0
 	}
 	return t.clear(first, count, true)
+}
+
+// CopyInHeld is CopyIn of b at iova (pages present and writable) that
+// calls held once its bytes are in the application's view, before the
+// rest of the write (the mirror, the Dirty bits) and its exit from the
+// copy section. It reports whether the check passed.
+func (t *ODP) CopyInHeld(iova uint64, b []byte, held func()) bool {
+	first, count, in := t.pages(iova, uint64(len(b)))
+	if !in {
+		return false
+	}
+	ep := t.enter()
+	defer t.exit(ep)
+	if t.check(first, count, Present|Writable) != OK {
+		return false
+	}
+	t.write(first, count, iova-t.base, b, held)
+	return true
+}
+
+// Mirroring reports whether a mirror is started (StartMirror) and not yet
+// ended (SwitchMirrored).
+func (t *ODP) Mirroring() bool { return t.mirror.Load() != nil }
+
+// SwitchFramesHeld is SwitchFrames calling between once the entries point
+// at the new frames, before the mirror ends.
+func (t *Table) SwitchFramesHeld(frames []hostmem.Frame, between func()) error {
+	return t.switchFrames(frames, between)
 }

@@ -343,24 +343,43 @@ func (t *ODP) copyPages(iova uint64, b []byte, write bool) (int, Result) {
 		t.exit(ep)
 		return 0, r
 	}
-	mem := unsafe.Slice((*byte)(unsafe.Add(t.app, iova-t.base)), len(b))
 	if write {
-		copy(mem, b)
-		if m := t.mirror.Load(); m != nil {
-			m.copy(iova-t.base, b)
-		}
-		if t.track.Load() {
-			for pg := first; pg < first+count; pg++ {
-				if e := t.entry(pg); Flags(e.flags.Load())&Dirty == 0 {
-					e.flags.Or(uint32(Dirty))
-				}
-			}
-		}
+		t.write(first, count, iova-t.base, b, nil)
 	} else {
-		copy(b, mem)
+		copy(b, unsafe.Slice((*byte)(unsafe.Add(t.app, iova-t.base)), len(b)))
 	}
 	t.exit(ep)
 	return len(b), OK
+}
+
+// write is CopyIn's work inside the copy section, once the pages from
+// first are checked: b goes into the region at table offset off through
+// the application's view, and to the mirror's frames during a remap's
+// view switch. between, if not nil, runs after the view's copy (a test
+// holds the write there).
+//
+// The mirror is loaded before the view's copy: SwitchMirrored switches the
+// view and then ends the mirror, so a write that finds no mirror writes a
+// view that maps the new frames, and one that finds it copies into them
+// whichever frames its view copy reached. Loaded after the copy, an ended
+// mirror would leave bytes copied into the old frames before the switch
+// out of the new ones.
+func (t *ODP) write(first, count, off uint64, b []byte, between func()) {
+	m := t.mirror.Load()
+	copy(unsafe.Slice((*byte)(unsafe.Add(t.app, off)), len(b)), b)
+	if between != nil {
+		between()
+	}
+	if m != nil {
+		m.copy(off, b)
+	}
+	if t.track.Load() {
+		for pg := first; pg < first+count; pg++ {
+			if e := t.entry(pg); Flags(e.flags.Load())&Dirty == 0 {
+				e.flags.Or(uint32(Dirty))
+			}
+		}
+	}
 }
 
 // StartTracking begins the dirty tracking of a remap: Dirty bits are
@@ -383,12 +402,14 @@ func (t *ODP) StartTracking() {
 func (t *ODP) StopTracking() { t.track.Store(false) }
 
 // DirtyPages returns the pages among the npages pages from iova's page
-// that were written since StartTracking, as indices from iova's page.
+// that were written since StartTracking, as indices from iova's page. iova
+// may lie below the region's first byte in its first page (a remap asks
+// from the page boundary): the pages are the table's, not the region's.
 func (t *ODP) DirtyPages(iova uint64, npages int) []int {
-	first, _, ok := t.pages(iova, 1)
-	if !ok {
+	if iova < t.base || iova-t.base >= t.npages<<PageShift {
 		return nil
 	}
+	first := (iova - t.base) >> PageShift
 	var out []int
 	for i := range npages {
 		if first+uint64(i) >= t.npages {

@@ -2,6 +2,7 @@ package pagetable_test
 
 import (
 	"errors"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -180,3 +181,36 @@ func TestODPMirrorErrors(t *testing.T) {
 }
 
 func unsafePointer(b []byte) unsafe.Pointer { return unsafe.Pointer(&b[0]) }
+
+// TestODPMirrorCatchesAWriteTheViewSwitchOvertook: a write has put its
+// bytes in the application's view (the old frames) when SwitchMirrored
+// switches the view and ends the mirror; the rest of the write must still
+// copy them into the new frames, which the view now maps. A write that
+// looks at the mirror only after its view copy finds it ended and leaves
+// its bytes in the old frames alone: lost when they are given back.
+func TestODPMirrorCatchesAWriteTheViewSwitchOvertook(t *testing.T) {
+	_, mem, tab, m, mir := odpCommitted(t)
+	base := hostmem.AddrOf(mem)
+	require.NoError(t, tab.StartMirror(mir))
+	msg := []byte("in the old frames when the view switched")
+	off := uint64(ps + 100)
+	inView, release := make(chan struct{}), make(chan struct{})
+	wrote := make(chan bool, 1)
+	go func() {
+		wrote <- tab.CopyInHeld(base+off, msg, func() {
+			close(inView)
+			<-release
+		})
+	}()
+	<-inView
+	switched := make(chan error, 1)
+	go func() { switched <- tab.SwitchMirrored(m.SwitchView) }()
+	for tab.Mirroring() {
+		runtime.Gosched() // until the view has switched and the mirror ended
+	}
+	close(release)
+	require.True(t, <-wrote)
+	require.NoError(t, <-switched)
+	m.Release()
+	require.Equal(t, string(msg), string(mem[off:off+uint64(len(msg))]), "the new frames (the view) have the write")
+}

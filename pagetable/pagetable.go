@@ -425,8 +425,10 @@ func (t *Table) Translate(iova uint64, n int, write bool) ([]byte, Result) {
 // that the data path translates a range by an offset without reading the
 // table. Anything that later changes frames or needs the per-page bits
 // maintained (remap, dirty tracking) must first have that mapping withdrawn
-// (stag.Table.ClearLinear, then Synchronize and Drain), then clear direct
-// and bump the sequence count.
+// (stag.Table.ClearLinear), then clear direct and bump the sequence count
+// (StartTracking), and only then wait for the copies in flight
+// (Synchronize and Drain), which may have used the mapping or found the
+// table direct.
 func (t *Table) Linear() (flat []byte, writable bool) {
 	if !t.direct.Load() {
 		return nil, false

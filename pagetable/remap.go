@@ -68,9 +68,11 @@ func (t *Table) FramePin() *hostmem.FramePin { return t.fp }
 
 // StartTracking begins the dirty tracking of a remap: direct access is
 // turned off, so that every copy walks the entries, the Dirty bits are
-// cleared, and from now on every page the NIC writes gets its Dirty bit.
-// The caller must first have withdrawn the key's linear mapping and waited
-// for the copies that used it (stag ClearLinear, Synchronize, Drain).
+// cleared, and every copy that starts from now on sets the Dirty bit of
+// the pages it writes. A copy already past its check (direct, or tracking
+// off) sets none: the caller withdraws the key's linear mapping first
+// (stag ClearLinear) and, after StartTracking, waits for the copies in
+// flight (Synchronize, Drain) before it reads the pages.
 func (t *Table) StartTracking() {
 	t.direct.Store(false)
 	t.seq.Add(1)
@@ -98,7 +100,12 @@ func (t *Table) DirtyPages() []int {
 // caller has stopped every write (a suspension) and waited for the copies
 // in flight; copies that only read may run meanwhile (old and new frames
 // hold the same bytes).
-func (t *Table) SwitchFrames(frames []hostmem.Frame) error {
+func (t *Table) SwitchFrames(frames []hostmem.Frame) error { return t.switchFrames(frames, nil) }
+
+// switchFrames is SwitchFrames; between, if not nil, runs once the entries
+// point at the new frames, before the mirror ends (a test runs atomics
+// there).
+func (t *Table) switchFrames(frames []hostmem.Frame, between func()) error {
 	if t.fp == nil {
 		return errors.New("pagetable: switch frames of a table not made by NewPinnedFrames")
 	}
@@ -107,6 +114,9 @@ func (t *Table) SwitchFrames(frames []hostmem.Frame) error {
 	}
 	t.seq.Add(1)
 	t.setFrames(t.fpAS(), frames)
+	if between != nil {
+		between()
+	}
 	// After the frames (see CopyIn): from here on a copy that finds no
 	// mirror finds the new frames. Under mirrorMu: see mirrorWord64.
 	t.clearMirror()
@@ -201,14 +211,19 @@ func (t *Table) mirrorAt(m []*byte, off uint64) unsafe.Pointer {
 	return unsafe.Add(unsafe.Pointer(m[k]), in)
 }
 
-// mirrorWord64 runs op on the word w at iova (found after the mirror m was
-// loaded) and copies the result to the word's new frame, the mirror's
+// mirrorWord64 runs op on the word at iova (an atomic that found the
+// mirror m) and copies the result to the word's new frame, the mirror's
 // atomics serialized so that the new word ends with the last result. If
 // SwitchFrames ended the mirror meanwhile (it clears it under mirrorMu),
-// the word is looked up again and op runs on the new frame alone: an
-// atomic that found no mirror may be running on it, and the old word's
-// value must not be copied over its result.
-func (t *Table) mirrorWord64(m []*byte, iova uint64, w *uint64, op func(*uint64) uint64) (uint64, Result) {
+// the word is looked up and op runs on the new frame alone: an atomic
+// that found no mirror may be running on it, and the old word's value must
+// not be copied over its result. While the mirror lasts the word is also
+// looked up under mirrorMu, not before: SwitchFrames points the entries at
+// the new frames before it ends the mirror, so another mirrored atomic may
+// have run on the new word since this one found the old word, and op on
+// the old word would not see its result (and copying the old word over the
+// new one would lose it).
+func (t *Table) mirrorWord64(m []*byte, iova uint64, op func(*uint64) uint64) (uint64, Result) {
 	t.mirrorMu.Lock()
 	if t.mirror.Load() == nil {
 		t.mirrorMu.Unlock()
@@ -219,8 +234,14 @@ func (t *Table) mirrorWord64(m []*byte, iova uint64, w *uint64, op func(*uint64)
 		return op(w), OK
 	}
 	defer t.mirrorMu.Unlock()
+	w, res := t.Word64(iova, true)
+	if res != OK {
+		return 0, res
+	}
 	r := op(w)
-	atomic.StoreUint64((*uint64)(t.mirrorAt(m, iova-t.iova)), atomic.LoadUint64(w))
+	if nw := (*uint64)(t.mirrorAt(m, iova-t.iova)); nw != w {
+		atomic.StoreUint64(nw, atomic.LoadUint64(w))
+	}
 	return r, OK
 }
 
@@ -236,7 +257,7 @@ func (t *Table) AtomicWord(iova uint64, op func(*uint64) uint64) (uint64, Result
 		return 0, r
 	}
 	if mirror != nil {
-		return t.mirrorWord64(*mirror, iova, w, op)
+		return t.mirrorWord64(*mirror, iova, op)
 	}
 	return op(w), OK
 }

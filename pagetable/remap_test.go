@@ -151,9 +151,38 @@ func TestMirroredAtomicAfterSwitchRunsOnTheNewWord(t *testing.T) {
 	require.NotSame(t, old, neu)
 	*old, *neu = 7, 100 // another atomic already ran on the new word
 	add := func(w *uint64) uint64 { return atomic.AddUint64(w, 1) - 1 }
-	orig, r := tab.MirrorWord64(mir, iova, old, add)
+	orig, r := tab.MirrorWord64(mir, iova, add)
 	require.Equal(t, pagetable.OK, r)
 	require.EqualValues(t, 100, orig)
 	require.EqualValues(t, 101, *neu)
 	require.EqualValues(t, 7, *old, "the old word is not touched")
+}
+
+// Two atomics on one word meet SwitchFrames between its two steps (the
+// entries point at the new frames, the mirror has not ended): one finds
+// the new word, the other had found the old word before the switch. Both
+// are mirrored, so they are serialized; each must see the other's result,
+// and the new word must end with both. Running the second on the old word
+// it found and copying that over the new word loses the first.
+func TestMirroredAtomicsAcrossTheFrameSwitchSeeEachOther(t *testing.T) {
+	as, mem, tab, m := pinnedFrames(t)
+	mir, err := tab.NewMirror(m.New)
+	require.NoError(t, err)
+	require.NoError(t, tab.StartMirror(mir))
+	iova := (hostmem.AddrOf(mem) + 7) &^ 7
+	add := func(w *uint64) uint64 { return atomic.AddUint64(w, 1) - 1 }
+	orig0, r := tab.AtomicWord(iova, add) // mirrored: both words
+	require.Equal(t, pagetable.OK, r)
+	var a, b uint64
+	require.NoError(t, tab.SwitchFramesHeld(m.New, func() {
+		var r pagetable.Result
+		a, r = tab.AtomicWord(iova, add) // finds the new word
+		require.Equal(t, pagetable.OK, r)
+		// The one in flight: it found the mirror (and the old word)
+		// before the switch.
+		b, r = tab.MirrorWord64(mir, iova, add)
+		require.Equal(t, pagetable.OK, r)
+	}))
+	require.Equal(t, []uint64{orig0 + 1, orig0 + 2}, []uint64{min(a, b), max(a, b)}, "each atomic saw the other's result")
+	require.Equal(t, orig0+3, *wordAt(frameBytes(as, m.New), 100+iova-hostmem.AddrOf(mem)), "the new word has all three")
 }

@@ -63,6 +63,10 @@ type mrLife struct {
 	// busy is non-nil while an invalidation or re-registration of the MR
 	// waits for the placements in flight; it is closed when it ends.
 	busy chan struct{}
+	// remap is non-nil from PrepareRemap to the Remapping's Release or
+	// Abort (closed then): DeregMR waits for it, since the remap moves
+	// the pin and switches the table that a deregistration releases.
+	remap chan struct{}
 }
 
 // Invalidation is an invalidation begun — the key no longer resolves, and
@@ -499,8 +503,11 @@ func (e *Engine) Invalidate(pd, qpn, key uint32, remote bool) (*Invalidation, er
 func (e *Engine) beginDereg(mr *MR) error {
 	e.life.mu.Lock()
 	defer e.life.mu.Unlock()
-	for mr.life.busy != nil {
+	for mr.life.busy != nil || mr.life.remap != nil {
 		b := mr.life.busy
+		if b == nil {
+			b = mr.life.remap
+		}
 		e.life.mu.Unlock()
 		<-b
 		e.life.mu.Lock()

@@ -219,7 +219,9 @@ func (e *Engine) RegMR(pd uint32, buf []byte, access stag.Access) (*MR, error) {
 // (DeregMR waits until each has quiesced), the Gather, Scatter and Atomic
 // calls in progress, and the messages of cursors not bound to a Reader,
 // from Begin to End. The transport must End the unbound cursors of QPs that
-// stop (error state, destroy), or DeregMR waits for them.
+// stop (error state, destroy), or DeregMR waits for them. A remap of the MR
+// in progress (PrepareRemap to the Remapping's Release or Abort) is waited
+// for first.
 func (e *Engine) DeregMR(mr *MR) error {
 	if mr == nil || mr.eng != e {
 		return fmt.Errorf("placement: dereg MR: not a region of this device: %w", ErrInvalid)

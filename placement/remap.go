@@ -39,6 +39,43 @@ type Remapping struct {
 	mirror    *pagetable.Mirror    // a pinned MR's new frames, for Commit's StartMirror
 	odpMirror *pagetable.ODPMirror // an ODP MR's
 	mirrored  bool                 // Commit left the view switch to Finish
+	// busy is the MR's life.remap, closed when the remap is over
+	// (Release, Abort, a failed PrepareRemap): DeregMR waits for it.
+	busy chan struct{}
+}
+
+// ErrRemapInProgress: the MR is being remapped already (PrepareRemap
+// until the Remapping's Release or Abort).
+var ErrRemapInProgress = fmt.Errorf("placement: remap: the MR is being remapped already: %w", ErrBusy)
+
+// begin marks the MR as being remapped, so that DeregMR waits for the
+// remap to be over (it would release the table and the pin that the remap
+// moves, under Commit's lock).
+func (r *Remapping) begin() error {
+	e, mr := r.e, r.mr
+	e.life.mu.Lock()
+	defer e.life.mu.Unlock()
+	if mr.dead.Load() {
+		return fmt.Errorf("placement: remap: not a live MR of this device: %w", ErrInvalid)
+	}
+	if mr.life.remap != nil {
+		return ErrRemapInProgress
+	}
+	r.busy = make(chan struct{})
+	mr.life.remap = r.busy
+	return nil
+}
+
+// end ends what begin started (once).
+func (r *Remapping) end() {
+	if r.busy == nil {
+		return
+	}
+	r.e.life.mu.Lock()
+	r.mr.life.remap = nil
+	close(r.busy)
+	r.busy = nil
+	r.e.life.mu.Unlock()
 }
 
 // ErrNotRemappable: the MR's memory is not of the device's host address
@@ -46,17 +83,37 @@ type Remapping struct {
 // address-space memory can be remapped.
 var ErrNotRemappable = fmt.Errorf("placement: remap needs an MR on the device's address space (pinned or explicit ODP): %w", ErrNotSupported)
 
+// testHookRemapDrained, when set (tests only), runs in PrepareRemap of a
+// pinned MR once the copies in flight have been waited for, before the
+// pre-copy.
+var testHookRemapDrained func(mr *MR)
+
 // PrepareRemap starts the remap of mr: dirty tracking on (for a pinned
 // MR its linear mapping is withdrawn first, and the copies in flight
 // waited for, so that every write is seen), new frames reserved and
-// populated, every page copied. Errors: ErrNotRemappable; a deregistered
-// MR (EINVAL); the host's (no free frames, pages not mapped, another pin
+// populated, every page copied. Until the Remapping's Release or Abort,
+// DeregMR of the MR waits and ReregMR is ErrBusy: the remap moves the pin
+// and switches the table they would release. Errors: ErrNotRemappable; a
+// deregistered MR (EINVAL); a remap of the MR in progress (ErrBusy); the
+// host's (no free frames, pages not mapped, another pin
 // on the pages: hostmem.ErrPinned).
 func (e *Engine) PrepareRemap(mr *MR) (*Remapping, error) {
 	if mr == nil || mr.eng != e || mr.dead.Load() {
 		return nil, fmt.Errorf("placement: remap: not a live MR of this device: %w", ErrInvalid)
 	}
 	r := &Remapping{e: e, mr: mr}
+	if err := r.begin(); err != nil {
+		return nil, err
+	}
+	if _, err := e.prepareRemap(r); err != nil {
+		r.end()
+		return nil, err
+	}
+	return r, nil
+}
+
+func (e *Engine) prepareRemap(r *Remapping) (*Remapping, error) {
+	mr := r.mr
 	var err error
 	switch {
 	case mr.odp != nil && !mr.odp.t.Implicit():
@@ -72,9 +129,17 @@ func (e *Engine) PrepareRemap(mr *MR) (*Remapping, error) {
 		if err := e.mrs.ClearLinear(mr.key); err != nil {
 			return nil, fmt.Errorf("placement: remap: %w: %w", err, ErrInvalid)
 		}
+		// Tracking starts before the wait, not after it: a copy that
+		// found the table direct (Table.CopyIn's direct path) or
+		// tracking off sets no Dirty bit, and the wait is what makes
+		// sure none is still running when the pre-copy reads the pages.
+		// A copy that starts after the wait sets its bits.
+		mr.table.StartTracking()
 		e.mrs.Synchronize()
 		mr.entry.Drain()
-		mr.table.StartTracking()
+		if testHookRemapDrained != nil {
+			testHookRemapDrained(mr)
+		}
 		if r.m, err = mr.table.FramePin().PrepareMigrate(); err != nil {
 			r.restoreLinear()
 			return nil, operr.Wrap("placement", "remap", err)
@@ -270,6 +335,7 @@ func (r *Remapping) Release() {
 	_ = r.Finish()
 	r.m.Release()
 	r.m = nil
+	r.end()
 }
 
 // Abort abandons a remap before Commit: the new frames go back and the MR
@@ -291,4 +357,5 @@ func (r *Remapping) Abort() {
 	} else {
 		r.restoreLinear()
 	}
+	r.end()
 }

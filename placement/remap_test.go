@@ -1,8 +1,10 @@
 package placement_test
 
 import (
+	"runtime"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/softrdma/softrdma/hostmem"
@@ -106,4 +108,145 @@ func testRemapWritesDuringTheViewSwitch(t *testing.T, odp bool) {
 		write(100, []byte("after"))
 		require.Equal(t, "after", string(buf[100:105]))
 	}
+}
+
+// TestRemapPinnedTracksAWriteThatStartedBeforeTracking: a WRITE whose
+// packet reaches a pinned MR's table after PrepareRemap has withdrawn the
+// linear mapping and waited for the copies in flight, but before dirty
+// tracking starts, takes the table's direct path (CopyIn finds the table
+// direct) and sets no Dirty bit; if its bytes land after the pre-copy
+// copied the page, Commit does not copy the page again and the WRITE is
+// lost when the view switches. Tracking must start before the wait, so
+// that the wait covers every copy that may have missed it.
+func TestRemapPinnedTracksAWriteThatStartedBeforeTracking(t *testing.T) {
+	as, err := hostmem.NewAddressSpace(hostmem.Config{Size: 16 << 20})
+	require.NoError(t, err)
+	e := placement.New(placement.Config{AddressSpace: as})
+	buf, err := as.Alloc(4 * 4096)
+	require.NoError(t, err)
+	mr, err := e.RegMR(pd1, buf, all)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		require.NoError(t, e.DeregMR(mr))
+		require.NoError(t, as.Free(hostmem.AddrOf(buf), len(buf)))
+		require.NoError(t, as.Close())
+	})
+	msg := []byte("placed across the start of the remap's tracking")
+	const off = 2*4096 + 100
+	var c placement.Cursor
+	var held []byte // the NIC-side bytes of a copy past its direct check
+	undo := placement.SetRemapDrainedHook(func(m *placement.MR) {
+		// A packet arrives now: its WRITE begins (the linear mapping
+		// is gone, so it goes through the table), and its copy gets
+		// past the table's check.
+		require.Equal(t, placement.OK, e.Begin(&c, pd1, mr.RKey(), mr.Addr()+off, uint64(len(msg)), stag.AccessRemoteWrite))
+		held = m.DirectBytes()
+	})
+	r, err := e.PrepareRemap(mr)
+	undo()
+	require.NoError(t, err)
+	// The copy lands after the pre-copy.
+	if held != nil {
+		copy(held[off:], msg)
+	} else {
+		require.Equal(t, placement.OK, e.Write(&c, msg))
+	}
+	e.End(&c)
+	require.Equal(t, msg, buf[off:off+len(msg)], "the application's view (old frames) has it")
+	require.NoError(t, e.SuspendMR(mr))
+	require.NoError(t, r.Commit())
+	require.NoError(t, e.ResumeMR(mr))
+	require.NoError(t, r.Finish())
+	r.Release()
+	require.Equal(t, string(msg), string(buf[off:off+len(msg)]), "the WRITE is in the new frames")
+}
+
+// TestDeregMRWaitsForARemap: a pinned MR deregistered between the remap's
+// Commit and its Finish (traffic resumed, the view not yet switched) must
+// not release the table and the pin that the remap is moving: DeregMR
+// waits until the remap is over, and then releases the new frames' pin.
+// Before, it unpinned the old frames at once, Finish met a table without
+// its pin (a nil dereference), and Release would have unpinned the old
+// frames a second time while the new ones stayed pinned.
+func TestDeregMRWaitsForARemap(t *testing.T) {
+	as, err := hostmem.NewAddressSpace(hostmem.Config{Size: 16 << 20})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, as.Close()) })
+	e := placement.New(placement.Config{AddressSpace: as})
+	buf, err := as.Alloc(4 * 4096)
+	require.NoError(t, err)
+	mr, err := e.RegMR(pd1, buf, all)
+	require.NoError(t, err)
+	r, err := e.PrepareRemap(mr)
+	require.NoError(t, err)
+	_, err = e.PrepareRemap(mr)
+	require.ErrorIs(t, err, placement.ErrBusy, "one remap of an MR at a time")
+	require.NoError(t, e.SuspendMR(mr))
+	require.NoError(t, r.Commit())
+	require.NoError(t, e.ResumeMR(mr))
+	dereg := make(chan error, 1)
+	go func() { dereg <- e.DeregMR(mr) }()
+	early := false
+	for i := 0; i < 20000 && !early; i++ {
+		runtime.Gosched()
+		select {
+		case err := <-dereg:
+			dereg <- err
+			early = true
+		default:
+		}
+	}
+	require.NotPanics(t, func() {
+		assert.NoError(t, r.Finish())
+		r.Release()
+	})
+	require.NoError(t, <-dereg)
+	require.False(t, early, "DeregMR returned while the remap was in progress")
+	require.Zero(t, e.PinnedBytes(), "the pin (on the new frames) is released")
+	require.NoError(t, as.Free(hostmem.AddrOf(buf), len(buf)))
+}
+
+// TestRemapODPUnalignedMRRecopiesDirtyPages: an ODP MR that does not start
+// on a page boundary; a WRITE placed after the pre-copy marks its page
+// dirty, and Commit must copy that page again. Asking the table for the
+// dirty pages from the MR's first page boundary (below the MR's address)
+// found none, and the WRITE was lost at the view switch.
+func TestRemapODPUnalignedMRRecopiesDirtyPages(t *testing.T) {
+	as, err := hostmem.NewAddressSpace(hostmem.Config{Size: 16 << 20})
+	require.NoError(t, err)
+	e := placement.New(placement.Config{AddressSpace: as})
+	all, err := as.Alloc(3 * 4096)
+	require.NoError(t, err)
+	buf := all[100:]
+	mr, err := e.RegMR(pd1, buf, rw|stag.AccessOnDemand)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		require.NoError(t, e.DeregMR(mr))
+		require.NoError(t, as.Free(hostmem.AddrOf(all), len(all)))
+		require.NoError(t, as.Close())
+	})
+	msg := []byte("placed during the pre-copy")
+	off := uint64(4096 + 50)
+	write := func() {
+		t.Helper()
+		var c placement.Cursor
+		require.Equal(t, placement.OK, e.Begin(&c, pd1, mr.RKey(), mr.Addr()+off, uint64(len(msg)), stag.AccessRemoteWrite))
+		st := e.Write(&c, msg)
+		if st == placement.WouldFault {
+			require.Equal(t, placement.OK, e.FaultCursor(&c, uint64(len(msg))))
+			st = e.Write(&c, msg)
+		}
+		require.Equal(t, placement.OK, st)
+		e.End(&c)
+	}
+	r, err := e.PrepareRemap(mr)
+	require.NoError(t, err)
+	write() // after the pre-copy: its page is dirty
+	require.NoError(t, e.SuspendMR(mr))
+	require.NoError(t, r.Commit())
+	require.NoError(t, e.ResumeMR(mr))
+	require.NoError(t, r.Finish())
+	r.Release()
+	require.Equal(t, string(msg), string(buf[off:off+uint64(len(msg))]), "the new frames have the WRITE")
+	require.Equal(t, 1, r.Recopied, "the written page is copied again")
 }

@@ -125,7 +125,7 @@ func (e *Engine) ReregMR(mr *MR, flags ReregFlags, pd uint32, buf []byte, access
 	case mr.life.windows > 0:
 		e.life.mu.Unlock()
 		return input(ErrMWBound)
-	case mr.life.busy != nil || e.mrs.Suspended(mr.key):
+	case mr.life.busy != nil || mr.life.remap != nil || e.mrs.Suspended(mr.key):
 		e.life.mu.Unlock()
 		return input(ErrBusy)
 	}

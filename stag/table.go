@@ -380,7 +380,7 @@ func (t *Table[V]) Lookup(pd uint32, key STag, need Access) (*Entry[V], Reason) 
 		s = &c[uint32(key)>>KeyBits&(1<<chunkBits-1)]
 	}
 	ctl, want := s.ctl.Load(), uint64(need)|rightRegion|ctlValid
-	if (ctl&want^want)|(s.keyPD.Load()^(uint64(pd)<<32|uint64(key))) == 0 {
+	if (ctl&want^want)|ctl&suspendedFor(need)|(s.keyPD.Load()^(uint64(pd)<<32|uint64(key))) == 0 {
 		if ent := s.entry.Load(); s.ctl.Load() == ctl {
 			return ent, OK
 		}
@@ -411,6 +411,18 @@ func fastWant(need Access) uint64 {
 		want += ctlLinearWrite - ctlLinearRead
 	}
 	return want
+}
+
+// suspendedFor is the ctl bit that refuses an access on the fast paths
+// that require no linear mapping (Lookup, Acquire): the suspended bit for
+// an access that writes memory, nothing otherwise. (The fast paths that
+// require one need no such test: a suspension withdraws the linear-write
+// bit.)
+func suspendedFor(need Access) uint64 {
+	if need&writeRights != 0 {
+		return ctlSuspended
+	}
+	return 0
 }
 
 // rightRegion is an internal right in every region's slot (Alloc) and in no
@@ -719,7 +731,7 @@ func (t *Table[V]) Acquire(pd uint32, key STag, need Access) (*Entry[V], Reason)
 		s = &c[uint32(key)>>KeyBits&(1<<chunkBits-1)]
 	}
 	ctl, want := s.ctl.Load(), uint64(need)|rightRegion|ctlValid
-	if (ctl&want^want)|(s.keyPD.Load()^(uint64(pd)<<32|uint64(key))) == 0 {
+	if (ctl&want^want)|ctl&suspendedFor(need)|(s.keyPD.Load()^(uint64(pd)<<32|uint64(key))) == 0 {
 		if ent := s.entry.Load(); ent != nil {
 			ent.refs.Add(1)
 			if s.ctl.Load() == ctl {

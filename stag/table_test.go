@@ -141,3 +141,40 @@ func BenchmarkAcquireRelease(b *testing.B) {
 		x.Release()
 	}
 }
+
+// TestSuspendRefusesWritesOnEveryPath: a suspended entry refuses every new
+// access that writes memory, on the fast paths as on the slow ones (Open,
+// Acquire, Lookup, LookupRange; linear or not), and serves those that only
+// read.
+func TestSuspendRefusesWritesOnEveryPath(t *testing.T) {
+	for _, linear := range []bool{false, true} {
+		tab := NewTable[*obj](0)
+		mem := make([]byte, 4096)
+		e, err := tab.Alloc(1, 0x10000, 4096, AccessLocalWrite|AccessRemoteWrite|AccessRemoteRead, &obj{})
+		require.NoError(t, err)
+		require.NoError(t, tab.Validate(e.STag))
+		if linear {
+			require.NoError(t, tab.SetLinear(e.STag, &mem[0], true))
+		}
+		require.NoError(t, tab.Suspend(e.STag))
+		for _, need := range []Access{AccessRemoteWrite, AccessLocalWrite} {
+			var sp Span[*obj]
+			require.Equal(t, Suspended, tab.Open(&sp, 1, e.STag, need, 0x10000, 8), "Open, linear %v", linear)
+			_, r := tab.Acquire(1, e.STag, need)
+			require.Equal(t, Suspended, r, "Acquire %v, linear %v", need, linear)
+			_, r = tab.Lookup(1, e.STag, need)
+			require.Equal(t, Suspended, r, "Lookup %v, linear %v", need, linear)
+			_, _, r = tab.LookupRange(1, e.STag, need, 0x10000, 8)
+			require.Equal(t, Suspended, r, "LookupRange %v, linear %v", need, linear)
+		}
+		ent, r := tab.Acquire(1, e.STag, AccessRemoteRead)
+		require.Equal(t, OK, r)
+		ent.Release()
+		_, r = tab.Lookup(1, e.STag, 0)
+		require.Equal(t, OK, r)
+		require.NoError(t, tab.Resume(e.STag))
+		ent, r = tab.Acquire(1, e.STag, AccessRemoteWrite)
+		require.Equal(t, OK, r)
+		ent.Release()
+	}
+}
