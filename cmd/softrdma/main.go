@@ -58,7 +58,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "softrdma: %s\n", errText(err))
 		return exitFail
 	}
-	kctx, err := parser.Parse(args)
+	kctx, err := parser.Parse(joinNegativeValues(parser.Model, args))
 	if exited >= 0 { // --help
 		return exited
 	}

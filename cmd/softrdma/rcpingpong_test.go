@@ -223,7 +223,6 @@ func TestSourcePortFlag(t *testing.T) {
 	}{
 		{"spread", sport(softrdma.SourcePortSpread)},
 		{"rxe", sport(softrdma.SourcePortSpread)},
-		{"0", sport(softrdma.SourcePortSpread)},
 		{"bind", sport(softrdma.SourcePortOwn)},
 		{"4791", 4791},
 		{"65535", 65535},
@@ -254,9 +253,11 @@ func TestSourcePortFlag(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, sport(softrdma.SourcePortSpread), c.WriteBW.SourcePort, "spread by default")
 
-	for _, bad := range []string{"70000", "-1", "x", "0x10"} {
+	// 0 is not a port to send from: refused as 70000 is, not taken
+	// for spread.
+	for _, bad := range []string{"70000", "-1", "x", "0x10", "0"} {
 		code, _, stderr := runCLI(t, "rc-pingpong", "--sport", bad)
 		assert.Equal(t, exitUsage, code, bad)
-		assert.Contains(t, stderr, "--sport", bad)
+		assert.Contains(t, stderr, "--sport \""+bad+"\": want spread, bind or a UDP port (1-65535)", bad)
 	}
 }
