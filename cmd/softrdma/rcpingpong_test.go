@@ -73,6 +73,23 @@ func TestRCPingpongItersMismatch(t *testing.T) {
 	}
 }
 
+// TestRCPingpongSizeMismatch: the exchange carries no -s either; a
+// message longer than the peer's receive buffer fails both sides with
+// ibv_rc_pingpong's statuses, then a hint to give both the same -s.
+func TestRCPingpongSizeMismatch(t *testing.T) {
+	r := runPingPair(t, "rc-pingpong", []string{"-g", "1", "-s", "4096", "--idle-timeout", "2s"},
+		[]string{"-g", "1", "-s", "8192", "--idle-timeout", "2s"})
+	assert.Equal(t, exitFail, r.srvCode)
+	assert.Equal(t, exitFail, r.cliCode)
+	assert.Contains(t, r.srvErr+r.cliErr, "failed status local length error (1) for wr_id 1 "+
+		"(did the peer run with another -s? both sides need the same -s, here ")
+	for side, stderr := range map[string]string{"server": r.srvErr, "client": r.cliErr} {
+		if strings.Contains(stderr, "failed status") {
+			assert.Contains(t, stderr, "both sides need the same -s", side)
+		}
+	}
+}
+
 func TestRCPingpongUsageErrors(t *testing.T) {
 	for _, args := range [][]string{
 		{"rc-pingpong", "-m", "1000"},
