@@ -15,6 +15,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -299,13 +300,41 @@ func hashFile(path string) (int64, string, error) {
 	return n, hex.EncodeToString(h.Sum(nil)), nil
 }
 
-// printCounters prints the hw_counters that are not zero on either NIC.
+// legend explains the counters an ibverbs user misreads, each entry
+// printed when one of its counters is not zero (docs/cli.md, "demo").
+var legend = []struct {
+	names []string
+	text  string
+}{
+	{[]string{"rdma_sends", "rdma_recvs"},
+		"rdma_sends/rdma_recvs: RDMA WRITE and READ requests sent/executed, as rxe counts them (SENDs are not counted)"},
+	{[]string{"send_rnr_err", "rcvd_rnr_err", "drop_rnr", "naks_sent"},
+		"send_rnr_err/rcvd_rnr_err/drop_rnr/naks_sent: RNR NAKs, a SEND that came before its receive was posted (the tools post\n" +
+			"   theirs as a stream starts); the sender retries after the RNR timer: a few on a clean run are a race, not loss"},
+	{[]string{"out_of_seq_request", "drop_psn_out_of_window"},
+		"out_of_seq_request/drop_psn_out_of_window: requests that followed a NAKed one, dropped until it is sent again"},
+	{[]string{"retransmits"},
+		"retransmits: request packets sent again, after an RNR NAK, a NAK or a timeout (not an rxe counter)"},
+	{[]string{"drop_unknown_qpn"},
+		"drop_unknown_qpn: a packet for a QP already destroyed, e.g. the ACK of READ's last credit (the client closes its QP\n" +
+			"   without waiting for it); harmless at the end of a transfer"},
+}
+
+// printCounters prints the hw_counters that are not zero on either NIC,
+// then the legend of those that need one.
 func printCounters(w io.Writer, devs [2]*softrdma.Device) {
 	a, b := devs[0].Snapshot(), devs[1].Snapshot()
 	fmt.Fprintf(w, " %-28s %14s %14s\n", "hw_counters (non-zero)", "host A", "host B")
+	shown := map[string]bool{}
 	for i := range a {
 		if a[i].Value != 0 || b[i].Value != 0 {
 			fmt.Fprintf(w, " %-28s %14d %14d\n", a[i].Name, a[i].Value, b[i].Value)
+			shown[a[i].Name] = true
+		}
+	}
+	for _, l := range legend {
+		if slices.ContainsFunc(l.names, func(n string) bool { return shown[n] }) {
+			fmt.Fprintf(w, " %s\n", l.text)
 		}
 	}
 }
