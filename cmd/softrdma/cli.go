@@ -80,7 +80,7 @@ type demoCmd struct {
 	File    string        `type:"existingfile" placeholder:"PATH" help:"File to move (default: this program's binary)."`
 	Size    msgSize       `short:"s" default:"65536" help:"Message size in bytes (K, M, G suffixes)."`
 	Impair  string        `placeholder:"SPEC" help:"Impair both NICs' traffic, e.g. loss=0.01,reorder=0.01,seed=7."`
-	Pcap    string        `placeholder:"FILE" help:"Record both NICs' datagrams in a pcap file."`
+	Pcap    string        `placeholder:"FILE" help:"Record both NICs' datagrams in a pcap file, each once, as sent."`
 	Timeout time.Duration `default:"2m" help:"Most time the whole demo (its three transfers together) may take: under heavy --impair loss the QPs retry for ever, as rxe's, and the transfer still running then fails, with those not started."`
 }
 

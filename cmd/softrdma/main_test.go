@@ -10,10 +10,12 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/gopacket/gopacket/pcapgo"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -408,4 +410,36 @@ func TestErrText(t *testing.T) {
 	} {
 		require.Equal(t, want, errText(errors.New(in)), in)
 	}
+}
+
+// TestDemoPcapOnceEachDatagram: the two NICs share one capture, and each
+// datagram is recorded once (as sent), not once by its sender and again
+// by its receiver: the frames are the NICs' sent_pkts.
+func TestDemoPcapOnceEachDatagram(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "small.txt")
+	require.NoError(t, os.WriteFile(path, []byte("hello world\n"), 0o600))
+	pcap := filepath.Join(t.TempDir(), "demo.pcap")
+	code, out, stderr := runCLI(t, "demo", "--pcap", pcap, "--file", path, "-s", "7")
+	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", out, stderr)
+	var sentA, sentB int
+	for line := range strings.Lines(out) {
+		if f := strings.Fields(line); len(f) == 3 && f[0] == "sent_pkts" {
+			sentA, _ = strconv.Atoi(f[1])
+			sentB, _ = strconv.Atoi(f[2])
+		}
+	}
+	require.NotZero(t, sentA, out)
+	f, err := os.Open(pcap)
+	require.NoError(t, err)
+	defer f.Close()
+	r, err := pcapgo.NewReader(f)
+	require.NoError(t, err)
+	frames := 0
+	for {
+		if _, _, err := r.ReadPacketData(); err != nil {
+			break
+		}
+		frames++
+	}
+	assert.Equal(t, sentA+sentB, frames, out)
 }

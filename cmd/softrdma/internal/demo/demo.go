@@ -218,7 +218,7 @@ func Run(ctx context.Context, o Options) error {
 func openHost(ip string, imp *conn.Impairment, tap *pcaptap.Writer, logf func(string, ...any)) (*softrdma.Device, error) {
 	cfg := softrdma.Config{Impair: imp, Logf: logf}
 	if tap != nil {
-		cfg.Tap = tap
+		cfg.Tap = sentOnly{tap}
 	}
 	var err error
 	for _, a := range []string{ip + ":4791", ip + ":0", hostIPs[0] + ":0"} {
@@ -229,6 +229,19 @@ func openHost(ip string, imp *conn.Impairment, tap *pcaptap.Writer, logf func(st
 		}
 	}
 	return nil, fmt.Errorf("demo: open NIC on %s: %w", ip, err)
+}
+
+// sentOnly is the demo's tap: both NICs share one capture, and every
+// datagram one sends the other receives, so a tap of both directions
+// recorded each one twice (a newcomer's Wireshark showed every packet
+// duplicated). The sent side is the wire's view: after tx impairment,
+// before rx impairment.
+type sentOnly struct{ conn.Tap }
+
+func (t sentOnly) Packet(dir conn.Direction, src, dst netip.AddrPort, ipID uint16, roce []byte) {
+	if dir == conn.DirTx {
+		t.Tap.Packet(dir, src, dst, ipID, roce)
+	}
 }
 
 // transfer moves file with test: host B serves, host A is the client. The
