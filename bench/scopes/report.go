@@ -75,8 +75,12 @@ func WriteTable(w io.Writer, cfg Config, rs []Result) error {
 			}
 			return "NOT met"
 		}
-		fmt.Fprintf(w, "targets, mr scope, %s: untouched QPs %.3f× (target ≥ %.2f×: %s); critical section minus dirty copy p50 %.1f µs, p99 %.1f µs (target ≤ %d µs: p50 %s, p99 %s)\n",
-			r.Policy, float64(r.Untouched), TargetUntouchedRatio, untouchedVerdict(r.Untouched),
+		untouched := ratio(r.Untouched) // "-" when every QP writes MR 0, as in the table
+		if !math.IsNaN(float64(r.Untouched)) {
+			untouched += "×"
+		}
+		fmt.Fprintf(w, "targets, mr scope, %s: untouched QPs %s (target ≥ %.2f×: %s); critical section minus dirty copy p50 %.1f µs, p99 %.1f µs (target ≤ %d µs: p50 %s, p99 %s)\n",
+			r.Policy, untouched, TargetUntouchedRatio, untouchedVerdict(r.Untouched),
 			r.OverheadP50Us, r.OverheadP99Us, TargetOverheadUs,
 			verdict(r.OverheadP50Us <= TargetOverheadUs), verdict(r.OverheadP99Us <= TargetOverheadUs))
 	}

@@ -156,6 +156,11 @@ const (
 	MaxQPs      = 1024
 	MaxDuration = 24 * time.Hour
 	MaxSlices   = 100000
+	// MinPeriod is the shortest Period: a remap call of a 1 MiB MR takes
+	// 400-800 µs (docs/scopes.md), so remaps any closer would overlap,
+	// the duty near 1, and a 1 ns Period measures nothing but back-to-back
+	// remaps.
+	MinPeriod = time.Millisecond
 )
 
 // Validate checks a configuration with its defaults applied.
@@ -174,7 +179,9 @@ func (c Config) Validate() error {
 	case c.Window < 1 || c.Window > 1024:
 		return fmt.Errorf("scopes: window %d: 1 to 1024", c.Window)
 	case c.Duration <= 0 || c.Period <= 0 || c.Settle < 0:
-		return errors.New("scopes: duration and period must be positive")
+		return fmt.Errorf("scopes: duration %v, period %v: must be positive, settle %v: 0 or more", c.Duration, c.Period, c.Settle)
+	case c.Period < MinPeriod:
+		return fmt.Errorf("scopes: period %v: at least %v (a remap call takes several hundred µs)", c.Period, MinPeriod)
 	case c.QPs > MaxQPs:
 		return fmt.Errorf("scopes: %d QPs: at most %d", c.QPs, MaxQPs)
 	case c.Duration > MaxDuration:

@@ -160,6 +160,8 @@ func TestRunEveryQPTouches(t *testing.T) {
 	require.NoError(t, scopes.WriteTable(&tab, cfg, rs))
 	require.Contains(t, tab.String(), "untouched QPs without remaps none")
 	require.Contains(t, tab.String(), "target ≥ 0.95×: n/a, no QP leaves MR 0 untouched")
+	require.Contains(t, tab.String(), "targets, mr scope, hold: untouched QPs - (target")
+	require.NotContains(t, tab.String(), "NaN")
 }
 
 // TestRunNetns runs the experiment across two network namespaces joined
@@ -193,6 +195,7 @@ func TestConfigValidate(t *testing.T) {
 		{"message larger than the MR", scopes.Config{MRSize: 4096, MsgSize: 8192}},
 		{"ODP on t3", scopes.Config{Kind: scopes.ODP, Profile: softrdma.ProfileT3}},
 		{"unknown kind", scopes.Config{Kind: "huge"}},
+		{"period under MinPeriod", scopes.Config{Period: time.Nanosecond}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := scopes.Run(context.Background(), tc.cfg)

@@ -36,7 +36,7 @@ type benchScopesCmd struct {
 	Duration    time.Duration `short:"D" name:"duration" default:"500ms" help:"Time each scope × policy runs with remaps; it runs as long again without, in interleaved slices."`
 	Slice       time.Duration `name:"slice" default:"100ms" help:"Length of one slice with or without remaps (ABBA order; longer than --settle; one longer than -D is cut to -D)."`
 	Settle      time.Duration `name:"settle" default:"10ms" help:"Traffic not counted at the start of each slice."`
-	Period      time.Duration `short:"T" name:"period" default:"10ms" help:"T: a remap of MR 0 starts every T."`
+	Period      time.Duration `short:"T" name:"period" default:"10ms" help:"T: a remap of MR 0 starts every T (at least 1ms: a remap call takes several hundred µs)."`
 	Scope       []string      `name:"scope" default:"mr,qp-allowed,pd,device" help:"Scopes to run (mr, qp-allowed, pd, device), comma-separated."`
 	Policy      []string      `name:"policy" default:"hold,nak" help:"Pause policies to run (hold, nak), comma-separated."`
 	Profile     string        `name:"profile" default:"odp" enum:"odp,t3,coarse" help:"Responder's device profile: odp (finest scope mr), t3 (pd), coarse (device)."`
@@ -103,12 +103,30 @@ func (c *benchScopesCmd) config() (scopes.Config, error) {
 		zero bool
 	}{
 		{"-q/--qps", c.QPs == 0}, {"--mrs", c.MRs == 0}, {"--pds", c.PDs == 0}, {"--mr-size", c.MRSize == 0},
-		{"-s/--size", c.Size == 0}, {"-t/--tx-depth", c.Window == 0}, {"-D/--duration", c.Duration == 0},
-		{"--slice", c.Slice == 0}, {"-T/--period", c.Period == 0},
+		{"-s/--size", c.Size == 0}, {"-t/--tx-depth", c.Window == 0},
 	} {
 		if z.zero {
 			return cfg, fmt.Errorf("%s 0: must be positive", z.name)
 		}
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"-D/--duration", c.Duration}, {"--slice", c.Slice}, {"-T/--period", c.Period}} {
+		if d.v <= 0 {
+			return cfg, fmt.Errorf("%s %v: must be positive", d.name, d.v)
+		}
+	}
+	// Name the flag the user gave: a -D shorter than --slice is the
+	// slice (config cuts the slice to -D), and scopes.Validate would
+	// blame "slice 1ms".
+	switch {
+	case c.Duration <= c.Settle:
+		return cfg, fmt.Errorf("-D/--duration %v: must be longer than --settle %v, which each slice of -D begins with and does not count", c.Duration, c.Settle)
+	case c.Slice <= c.Settle:
+		return cfg, fmt.Errorf("--slice %v: must be longer than the settle time (--settle %v), which is not counted", c.Slice, c.Settle)
+	case c.Period < scopes.MinPeriod:
+		return cfg, fmt.Errorf("-T/--period %v: at least %v (a remap call of a 1 MiB MR takes 400-800 µs; closer remaps would overlap)", c.Period, scopes.MinPeriod)
 	}
 	cfg = cfg.WithDefaults()
 	return cfg, cfg.Validate()

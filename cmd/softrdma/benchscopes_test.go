@@ -61,10 +61,16 @@ func TestBenchScopesBadFlags(t *testing.T) {
 		{[]string{"--rnr-timer", "32"}, "--rnr-timer 32: 1-31"},
 		{[]string{"--settle=-1ms"}, "--settle -1ms: must be 0 or more"},
 		{[]string{"--scope", "foo"}, `--scope "foo": mr, qp-allowed, pd or device`},
-		// kong takes a value after a short flag that starts with "-" for a
-		// flag and says how to give it; given so, it is refused as a value.
-		{[]string{"-D", "-1s"}, `perhaps try --duration="-1s"?`},
-		{[]string{"--duration=-1s"}, "duration and period must be positive"},
+		// A negative value is the flag's, refused naming the flag.
+		{[]string{"-D", "-1s"}, "-D/--duration -1s: must be positive"},
+		{[]string{"--duration=-1s"}, "-D/--duration -1s: must be positive"},
+		{[]string{"-T", "-1ms"}, "-T/--period -1ms: must be positive"},
+		// -D shorter than the settle time names -D, not the slice
+		// config cut to it.
+		{[]string{"-D", "1ms"}, "-D/--duration 1ms: must be longer than --settle 10ms"},
+		// -T has a floor: a remap call takes several hundred µs.
+		{[]string{"-T", "1ns"}, "-T/--period 1ns: at least 1ms"},
+		{[]string{"-T", "999us"}, "-T/--period 999µs: at least 1ms"},
 	} {
 		code, _, errOut := runCLI(t, append([]string{"bench", "scopes"}, c.args...)...)
 		require.Equal(t, exitUsage, code, "%v: %s", c.args, errOut)

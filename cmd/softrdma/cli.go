@@ -80,8 +80,8 @@ type demoCmd struct {
 	File    string        `type:"existingfile" placeholder:"PATH" help:"File to move (default: this program's binary)."`
 	Size    msgSize       `short:"s" default:"65536" help:"Message size in bytes (K, M, G suffixes)."`
 	Impair  string        `placeholder:"SPEC" help:"Impair both NICs' traffic, e.g. loss=0.01,reorder=0.01,seed=7."`
-	Pcap    string        `placeholder:"FILE" help:"Record both NICs' datagrams in a pcap file."`
-	Timeout time.Duration `default:"2m" help:"Most time each transfer may take (under heavy --impair loss the QPs retry for ever, as rxe's)."`
+	Pcap    string        `placeholder:"FILE" help:"Record both NICs' datagrams in a pcap file, each once, as sent."`
+	Timeout time.Duration `default:"2m" help:"Most time the whole demo (its three transfers together) may take: under heavy --impair loss the QPs retry for ever, as rxe's, and the transfer still running then fails, with those not started."`
 }
 
 // check refuses, as usage errors (perf.ErrUsage), the demo flags that
@@ -224,7 +224,7 @@ func (c *toolCmd) options(test perf.Test) (*perf.Options, error) {
 }
 
 // sport is --sport, the UDP source port of the packets a device sends
-// (softrdma.Config.SourcePort): "spread" (or 0, the default) gives each
+// (softrdma.Config.SourcePort): "spread" (the default) gives each
 // QP the port Linux rxe would, "bind" the device's own port, a number
 // that port.
 type sport int
@@ -234,7 +234,7 @@ const sportHelp = "UDP source port of the packets this side sends: spread (the d
 
 func (p *sport) UnmarshalText(text []byte) error {
 	switch s := strings.TrimSpace(string(text)); s {
-	case "spread", "rxe", "0":
+	case "spread", "rxe":
 		*p = sport(softrdma.SourcePortSpread)
 	case "bind":
 		*p = sport(softrdma.SourcePortOwn)
@@ -266,7 +266,10 @@ func (b *byteSize) UnmarshalText(text []byte) error {
 		}
 	}
 	n, err := strconv.ParseInt(s, 0, 64)
-	if err != nil || n < 0 || n > (1<<62)/mult {
+	if err == nil && n < 0 {
+		return fmt.Errorf("%q: a size must not be negative", text)
+	}
+	if err != nil || n > (1<<62)/mult {
 		return fmt.Errorf("%q is not a size in bytes", text)
 	}
 	*b = byteSize(n * mult)
@@ -279,6 +282,9 @@ type msgSize byteSize
 
 func (m *msgSize) UnmarshalText(text []byte) error {
 	var b byteSize
+	if strings.HasPrefix(strings.TrimSpace(string(text)), "-") {
+		return fmt.Errorf("%q: the size must be at least 1 byte", text)
+	}
 	if err := b.UnmarshalText(text); err != nil {
 		return err
 	}
@@ -334,7 +340,10 @@ func (d *seconds) UnmarshalText(text []byte) error {
 		return nil
 	}
 	v, err := time.ParseDuration(s)
-	if err != nil || v < 0 {
+	if err == nil && v < 0 || err != nil && negativeValue.MatchString(s) {
+		return fmt.Errorf("%q: must not be negative: %v to %v", s, perf.MinDuration, perf.MaxDuration)
+	}
+	if err != nil {
 		return fmt.Errorf("%q is not a number of seconds or a duration", s)
 	}
 	if v == 0 {

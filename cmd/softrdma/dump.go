@@ -9,6 +9,7 @@ import (
 	"math/bits"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -24,7 +25,10 @@ import (
 
 // dumpCmd holds the arguments of `softrdma dump`.
 type dumpCmd struct {
-	File string `arg:"" type:"existingfile" placeholder:"FILE" help:"Capture to print: pcap or pcapng (tcpdump, Wireshark, --pcap)."`
+	// File is checked by AfterApply, not by kong's existingfile: kong
+	// would check it before it sees an extra argument, and "dump a b"
+	// said that a does not exist rather than that b is one too many.
+	File string `arg:"" placeholder:"FILE" help:"Capture to print: pcap or pcapng (tcpdump, Wireshark, --pcap); - reads standard input."`
 	All  bool   `short:"a" help:"Also print the frames that are not RoCEv2, one short line each."`
 }
 
@@ -36,6 +40,15 @@ func (d *dumpCmd) AfterApply(kctx *kong.Context) error {
 	for _, tr := range kctx.Path {
 		if tr.Flag != nil && tr.Flag.Name == "help" {
 			return nil
+		}
+	}
+	if d.File != "-" {
+		// A path that does not exist or is a directory is a bad command
+		// line (exit 2), as kong's existingfile made it.
+		if st, err := os.Stat(d.File); err != nil {
+			return fmt.Errorf("dump: %w", err)
+		} else if st.IsDir() {
+			return fmt.Errorf("dump: %s is a directory, not a capture", d.File)
 		}
 	}
 	code := exitOK
@@ -52,14 +65,34 @@ type packetSource interface {
 	ReadPacketData() ([]byte, gopacket.CaptureInfo, error)
 }
 
+// dumpStdin is what `dump -` reads; tests replace it.
+var dumpStdin io.Reader = os.Stdin
+
+// errNotCapture is returned for a file that begins with neither pcap's nor
+// pcapng's magic number (or is shorter than one).
+var errNotCapture = errors.New("not a pcap or pcapng capture")
+
+// pcapMagics are the first four bytes of a pcap file as written on a
+// little- or big-endian host, with microsecond or nanosecond timestamps.
+var pcapMagics = [][]byte{
+	{0xd4, 0xc3, 0xb2, 0xa1}, {0xa1, 0xb2, 0xc3, 0xd4}, // microseconds
+	{0x4d, 0x3c, 0xb2, 0xa1}, {0xa1, 0xb2, 0x3c, 0x4d}, // nanoseconds
+}
+
 // openCapture returns a reader for the pcap or pcapng stream r and a
 // function giving the link type of a packet.
 func openCapture(r *bufio.Reader) (packetSource, func(gopacket.CaptureInfo) golayers.LinkType, error) {
 	magic, err := r.Peek(4)
 	if err != nil {
-		return nil, nil, fmt.Errorf("not a capture: %w", err)
+		// Shorter than a magic number: a text file of a few bytes, or
+		// an empty one.
+		return nil, nil, fmt.Errorf("%w (%d bytes)", errNotCapture, len(magic))
 	}
-	if bytes.Equal(magic, []byte{0x0a, 0x0d, 0x0d, 0x0a}) { // pcapng section header block
+	ng := bytes.Equal(magic, []byte{0x0a, 0x0d, 0x0d, 0x0a}) // pcapng section header block
+	if !ng && !slices.ContainsFunc(pcapMagics, func(m []byte) bool { return bytes.Equal(m, magic) }) {
+		return nil, nil, fmt.Errorf("%w (it begins with %q)", errNotCapture, magic)
+	}
+	if ng {
 		ng, err := pcapgo.NewNgReader(r, pcapgo.DefaultNgReaderOptions)
 		if err != nil {
 			return nil, nil, err
@@ -72,6 +105,9 @@ func openCapture(r *bufio.Reader) (packetSource, func(gopacket.CaptureInfo) gola
 		}, nil
 	}
 	pr, err := pcapgo.NewReader(r)
+	if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+		return nil, nil, errors.New("pcap file header truncated (the file ends within its first 24 bytes)")
+	}
 	if err != nil {
 		return nil, nil, err
 	}
@@ -80,13 +116,21 @@ func openCapture(r *bufio.Reader) (packetSource, func(gopacket.CaptureInfo) gola
 
 // dump prints the capture in file to w: one line per RoCEv2 packet (and,
 // with all, per other frame), then a summary line.
+// A capture that ends within a frame (its writer was killed, or the file
+// was cut) still gets its summary, then the error says after which frame.
 func dump(w io.Writer, file string, all bool) error {
-	f, err := os.Open(file)
-	if err != nil {
-		return err
+	in := dumpStdin
+	if file != "-" {
+		f, err := os.Open(file)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		in = f
+	} else {
+		file = "standard input"
 	}
-	defer f.Close()
-	src, linkType, err := openCapture(bufio.NewReader(f))
+	src, linkType, err := openCapture(bufio.NewReader(in))
 	if err != nil {
 		return fmt.Errorf("%s: %w", file, err)
 	}
@@ -98,14 +142,20 @@ func dump(w io.Writer, file string, all bool) error {
 		malformed          int // RoCEv2 packets too short or broken to check
 		line               strings.Builder
 	)
+	var readErr error
 	for {
 		data, ci, err := src.ReadPacketData()
 		if errors.Is(err, io.EOF) {
 			break
 		}
+		if errors.Is(err, io.ErrUnexpectedEOF) {
+			readErr = fmt.Errorf("%s: capture truncated after frame %d (frame %d is cut short: its writer was killed, or the file was cut)",
+				file, frames, frames+1)
+			break
+		}
 		if err != nil {
-			out.Flush()
-			return fmt.Errorf("%s: frame %d: %w", file, frames+1, err)
+			readErr = fmt.Errorf("%s: frame %d: %w (the frames after it are not read)", file, frames+1, err)
+			break
 		}
 		frames++
 		if frames == 1 {
@@ -136,8 +186,14 @@ func dump(w io.Writer, file string, all bool) error {
 	if malformed > 0 {
 		fmt.Fprintf(out, ", %d malformed (not checked)", malformed)
 	}
+	if readErr != nil {
+		out.WriteString(", truncated")
+	}
 	out.WriteString("\n")
-	return out.Flush()
+	if err := out.Flush(); err != nil {
+		return err
+	}
+	return readErr
 }
 
 // formatOther writes a frame that is not RoCEv2: its layers and length.

@@ -239,13 +239,33 @@ func TestDumpErrors(t *testing.T) {
 	assert.Equal(t, exitUsage, code)
 	assert.Contains(t, stderr, "missing.pcap")
 
-	notPcap := filepath.Join(t.TempDir(), "x.pcap")
-	require.NoError(t, os.WriteFile(notPcap, []byte("hello, world\n"), 0o644))
-	code, _, stderr = runCLI(t, "dump", notPcap)
-	assert.Equal(t, exitFail, code)
-	assert.Contains(t, stderr, "softrdma: dump: ")
+	// A file that is not a capture says so, however short it is,
+	// instead of pcapgo's "unexpected EOF".
+	for _, tc := range []struct{ content, want string }{
+		{"hello, world\n", `not a pcap or pcapng capture (it begins with "hell")`},
+		{"hello", `not a pcap or pcapng capture (it begins with "hell")`},
+		{"hi", "not a pcap or pcapng capture (2 bytes)"},
+		{"", "not a pcap or pcapng capture (0 bytes)"},
+		{"\xd4\xc3\xb2\xa1\x02\x00", "pcap file header truncated (the file ends within its first 24 bytes)"},
+	} {
+		notPcap := filepath.Join(t.TempDir(), "x.pcap")
+		require.NoError(t, os.WriteFile(notPcap, []byte(tc.content), 0o644))
+		code, _, stderr = runCLI(t, "dump", notPcap)
+		assert.Equal(t, exitFail, code, tc.content)
+		assert.Equal(t, "softrdma: dump: "+notPcap+": "+tc.want+"\n", stderr, tc.content)
+	}
 
-	// A truncated capture prints what it read, then fails.
+	// One file only: the extra argument is named, not the first one.
+	code, _, stderr = runCLI(t, "dump", "a-missing-file", "b")
+	assert.Equal(t, exitUsage, code)
+	assert.Contains(t, stderr, "unexpected argument b")
+	code, _, stderr = runCLI(t, "dump", t.TempDir())
+	assert.Equal(t, exitUsage, code)
+	assert.Contains(t, stderr, "is a directory, not a capture")
+
+	// A truncated capture (its writer killed, or cut with head -c)
+	// prints what it read and the summary, marked truncated, then fails
+	// saying after which frame.
 	src := capturePath(t, "captures", "rping")
 	data, err := os.ReadFile(src)
 	require.NoError(t, err)
@@ -254,7 +274,15 @@ func TestDumpErrors(t *testing.T) {
 	code, out, stderr := runCLI(t, "dump", cut)
 	assert.Equal(t, exitFail, code)
 	assert.Contains(t, out, "\n42 ")
-	assert.Contains(t, stderr, "frame 43")
+	assert.Regexp(t, `\n# 42 frames, .*, truncated\n$`, out)
+	assert.Equal(t, "softrdma: dump: "+cut+": capture truncated after frame 42 (frame 43 is cut short: its writer was killed, or the file was cut)\n", stderr)
+
+	// - reads standard input.
+	dumpStdin = bytes.NewReader(data)
+	t.Cleanup(func() { dumpStdin = os.Stdin })
+	code, out, stderr = runCLI(t, "dump", "-")
+	require.Equal(t, exitOK, code, stderr)
+	assert.Contains(t, out, "\n# 43 frames, ")
 
 	// --help prints the help and dumps nothing.
 	code, out, _ = runCLI(t, "dump", src, "--help")

@@ -58,7 +58,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "softrdma: %s\n", errText(err))
 		return exitFail
 	}
-	kctx, err := parser.Parse(args)
+	kctx, err := parser.Parse(joinNegativeValues(parser.Model, args))
 	if exited >= 0 { // --help
 		return exited
 	}
@@ -79,7 +79,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 				fmt.Fprintf(stderr, "softrdma: demo: %v\n", err)
 				return exitUsage
 			}
-			if !errors.Is(err, demo.ErrFailed) {
+			if !errors.Is(err, demo.ErrFailed) && !errors.Is(err, demo.ErrInterrupted) { // those said it on stdout
 				fmt.Fprintf(stderr, "softrdma: %s\n", errText(err))
 			}
 			return exitFail

@@ -10,10 +10,12 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/gopacket/gopacket/pcapgo"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -314,6 +316,8 @@ func TestDemo(t *testing.T) {
 	assert.Contains(t, out, "SEND")
 	assert.Contains(t, out, " #bytes     #iterations    BW peak[MB/sec]")
 	assert.Contains(t, out, "sent_pkts")
+	// The legend of the counters an ibverbs user misreads.
+	assert.Contains(t, out, " rdma_sends/rdma_recvs: RDMA WRITE and READ requests sent/executed, as rxe counts them (SENDs are not counted)\n")
 	assert.Contains(t, out, "PASS: 3 of 3 transfers arrived intact")
 }
 
@@ -335,15 +339,53 @@ func TestDemoWithImpairmentAndPcap(t *testing.T) {
 }
 
 // TestDemoTimeout: with every packet lost no transfer can finish (the QPs
-// retry for ever, as rxe's with retry_cnt 7); --timeout ends each, and the
-// demo fails with the reason instead of hanging.
+// retry for ever, as rxe's with retry_cnt 7); --timeout bounds the whole
+// demo, not each transfer: the first transfer fails with the reason, the
+// other two are not started, and the demo fails after one --timeout
+// instead of three.
 func TestDemoTimeout(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "payload")
 	require.NoError(t, os.WriteFile(path, make([]byte, 10_000), 0o600))
 	code, out, _ := runCLI(t, "demo", "--file", path, "--impair", "loss=1,seed=1", "--timeout", "300ms")
 	require.Equal(t, exitFail, code)
-	assert.Equal(t, 3, strings.Count(out, "FAILED: not done within 300ms (--timeout)"), out)
+	assert.Contains(t, out, "timeout 300ms for the three transfers together (--timeout)")
+	assert.Equal(t, 1, strings.Count(out, "FAILED: not done within the demo's 300ms (--timeout)"), out)
+	assert.Equal(t, 2, strings.Count(out, "FAILED: not started, the demo's --timeout 300ms had passed"), out)
 	assert.Contains(t, out, "FAIL: 3 of 3 transfers did not arrive intact")
+}
+
+// TestDemoInterrupted: Ctrl-C or SIGTERM (a cancelled context) ends the
+// demo with one "INTERRUPTED" line and exit 1, as the other tools'
+// "interrupted", not with a "FAILED: context canceled" per transfer.
+func TestDemoInterrupted(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "payload")
+	require.NoError(t, os.WriteFile(path, make([]byte, 10_000), 0o600))
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	var o, e bytes.Buffer
+	code := run(ctx, []string{"demo", "--file", path}, &o, &e)
+	out := o.String() + e.String()
+	require.Equal(t, exitFail, code, out)
+	assert.Equal(t, 1, strings.Count(out, "INTERRUPTED after 0 of 3 transfers"), out)
+	assert.NotContains(t, out, "context canceled")
+	assert.NotContains(t, out, "FAIL")
+}
+
+// TestDemoPcapWriteError: a capture that cannot be written (/dev/full
+// refuses every write) fails the demo (exit 1) with the reason, although
+// the transfers arrived intact: the pcap writer's errors are sticky and
+// silent until it is closed.
+func TestDemoPcapWriteError(t *testing.T) {
+	if _, err := os.Stat("/dev/full"); err != nil {
+		t.Skip("no /dev/full")
+	}
+	path := filepath.Join(t.TempDir(), "small.txt")
+	require.NoError(t, os.WriteFile(path, []byte("hello world\n"), 0o600))
+	code, out, stderr := runCLI(t, "demo", "--pcap", "/dev/full", "--file", path, "-s", "7")
+	require.Equal(t, exitFail, code, "stdout:\n%s\nstderr:\n%s", out, stderr)
+	assert.Contains(t, out, "FAILED: --pcap /dev/full: write /dev/full: no space left on device")
+	assert.Contains(t, out, "FAIL: 3 of 3 transfers arrived intact, but the capture could not be written")
+	assert.NotContains(t, out, "PASS")
 }
 
 // TestInterrupted: a run ended by Ctrl-C says "interrupted", not Go's
@@ -368,4 +410,36 @@ func TestErrText(t *testing.T) {
 	} {
 		require.Equal(t, want, errText(errors.New(in)), in)
 	}
+}
+
+// TestDemoPcapOnceEachDatagram: the two NICs share one capture, and each
+// datagram is recorded once (as sent), not once by its sender and again
+// by its receiver: the frames are the NICs' sent_pkts.
+func TestDemoPcapOnceEachDatagram(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "small.txt")
+	require.NoError(t, os.WriteFile(path, []byte("hello world\n"), 0o600))
+	pcap := filepath.Join(t.TempDir(), "demo.pcap")
+	code, out, stderr := runCLI(t, "demo", "--pcap", pcap, "--file", path, "-s", "7")
+	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", out, stderr)
+	var sentA, sentB int
+	for line := range strings.Lines(out) {
+		if f := strings.Fields(line); len(f) == 3 && f[0] == "sent_pkts" {
+			sentA, _ = strconv.Atoi(f[1])
+			sentB, _ = strconv.Atoi(f[2])
+		}
+	}
+	require.NotZero(t, sentA, out)
+	f, err := os.Open(pcap)
+	require.NoError(t, err)
+	defer f.Close()
+	r, err := pcapgo.NewReader(f)
+	require.NoError(t, err)
+	frames := 0
+	for {
+		if _, _, err := r.ReadPacketData(); err != nil {
+			break
+		}
+		frames++
+	}
+	assert.Equal(t, sentA+sentB, frames, out)
 }

@@ -73,6 +73,23 @@ func TestRCPingpongItersMismatch(t *testing.T) {
 	}
 }
 
+// TestRCPingpongSizeMismatch: the exchange carries no -s either; a
+// message longer than the peer's receive buffer fails both sides with
+// ibv_rc_pingpong's statuses, then a hint to give both the same -s.
+func TestRCPingpongSizeMismatch(t *testing.T) {
+	r := runPingPair(t, "rc-pingpong", []string{"-g", "1", "-s", "4096", "--idle-timeout", "2s"},
+		[]string{"-g", "1", "-s", "8192", "--idle-timeout", "2s"})
+	assert.Equal(t, exitFail, r.srvCode)
+	assert.Equal(t, exitFail, r.cliCode)
+	assert.Contains(t, r.srvErr+r.cliErr, "failed status local length error (1) for wr_id 1 "+
+		"(did the peer run with another -s? both sides need the same -s, here ")
+	for side, stderr := range map[string]string{"server": r.srvErr, "client": r.cliErr} {
+		if strings.Contains(stderr, "failed status") {
+			assert.Contains(t, stderr, "both sides need the same -s", side)
+		}
+	}
+}
+
 func TestRCPingpongUsageErrors(t *testing.T) {
 	for _, args := range [][]string{
 		{"rc-pingpong", "-m", "1000"},
@@ -223,7 +240,6 @@ func TestSourcePortFlag(t *testing.T) {
 	}{
 		{"spread", sport(softrdma.SourcePortSpread)},
 		{"rxe", sport(softrdma.SourcePortSpread)},
-		{"0", sport(softrdma.SourcePortSpread)},
 		{"bind", sport(softrdma.SourcePortOwn)},
 		{"4791", 4791},
 		{"65535", 65535},
@@ -254,9 +270,11 @@ func TestSourcePortFlag(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, sport(softrdma.SourcePortSpread), c.WriteBW.SourcePort, "spread by default")
 
-	for _, bad := range []string{"70000", "-1", "x", "0x10"} {
+	// 0 is not a port to send from: refused as 70000 is, not taken
+	// for spread.
+	for _, bad := range []string{"70000", "-1", "x", "0x10", "0"} {
 		code, _, stderr := runCLI(t, "rc-pingpong", "--sport", bad)
 		assert.Equal(t, exitUsage, code, bad)
-		assert.Contains(t, stderr, "--sport", bad)
+		assert.Contains(t, stderr, "--sport \""+bad+"\": want spread, bind or a UDP port (1-65535)", bad)
 	}
 }

@@ -82,3 +82,16 @@ func TestRPingLoopback(t *testing.T) {
 	assert.Equal(t, want, strings.Split(strings.TrimSpace(out), "\n"))
 	assert.Contains(t, srvErr, "server DISCONNECT EVENT...")
 }
+
+// TestRPingTimeoutMessage: a client whose server never answers gives up
+// after --timeout saying so, not with Go's "context deadline exceeded".
+func TestRPingTimeoutMessage(t *testing.T) {
+	deaf, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)}) // takes the CM's MADs, answers none
+	require.NoError(t, err)
+	defer deaf.Close()
+	roce := strconv.Itoa(deaf.LocalAddr().(*net.UDPAddr).Port)
+	code, _, stderr := runCLI(t, "rping", "-c", "-a", "127.0.0.1", "-p", "22550", "--timeout", "300ms",
+		"--bind", "127.0.0.1:0", "--roce-port", roce)
+	assert.Equal(t, exitFail, code)
+	assert.Equal(t, "softrdma: rping: connect error: no server answered at 127.0.0.1:22550 within --timeout 300ms\n", stderr)
+}

@@ -199,11 +199,14 @@ func ParseImpairment(s string) (*Impairment, error) {
 			m.ReorderHold, err = time.ParseDuration(v)
 		case "reorder-gap":
 			m.ReorderGap, err = strconv.Atoi(v)
-			if err == nil && m.ReorderGap < 1 {
-				err = errors.New("must be at least 1")
+			if err != nil || m.ReorderGap < 1 {
+				err = errors.New("must be a whole number, at least 1")
 			}
 		case "seed":
-			m.Seed, err = strconv.ParseUint(v, 0, 64)
+			// Not strconv's "strconv.ParseUint: parsing "-1": invalid syntax".
+			if m.Seed, err = strconv.ParseUint(v, 0, 64); err != nil {
+				err = errors.New("must be a whole number, 0 to 2^64-1")
+			}
 		case "dir":
 			switch v {
 			case "tx":
@@ -235,7 +238,7 @@ func parseProb(v string) (float64, error) {
 	}
 	f, err := strconv.ParseFloat(v, 64)
 	if err != nil {
-		return 0, err
+		return 0, errors.New("not a probability in [0, 1]") // not strconv's "strconv.ParseFloat: parsing ..."
 	}
 	f /= scale
 	if !(f >= 0 && f <= 1) || math.IsInf(f, 0) {

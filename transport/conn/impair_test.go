@@ -36,7 +36,10 @@ func TestParseImpairment(t *testing.T) {
 		{in: "loss", err: "want key=value"},
 		{in: "loss=0.1,loss=0.2", err: "given twice"},
 		{in: "dir=up", err: "want tx, rx or both"},
-		{in: "seed=-1", err: "seed=-1"},
+		{in: "seed=-1", err: "conn: impairment seed=-1: must be a whole number, 0 to 2^64-1"},
+		{in: "seed=18446744073709551616", err: "seed=18446744073709551616: must be a whole number, 0 to 2^64-1"},
+		{in: "loss=x", err: "conn: impairment loss=x: not a probability in [0, 1]"},
+		{in: "reorder-gap=two", err: "conn: impairment reorder-gap=two: must be a whole number, at least 1"},
 		// Out of range.
 		{in: "loss=1.5", err: "not a probability"},
 		{in: "dup=-0.1", err: "not a probability"},

@@ -15,6 +15,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -32,15 +33,22 @@ type Options struct {
 	Size   int64  // message size; default 65536
 	Impair string // conn.ParseImpairment syntax, applied to both NICs
 	Pcap   string // record both NICs' datagrams here
-	// Timeout bounds each transfer (default 2 minutes): under heavy
-	// --impair loss a QP retries for ever (retry_cnt 7, as rxe).
+	// Timeout bounds the whole demo, its three transfers together
+	// (default 2 minutes): under heavy --impair loss a QP retries for
+	// ever (retry_cnt 7, as rxe), and a newcomer must not wait three
+	// times as long to see the first failure.
 	Timeout time.Duration
 	Stdout  io.Writer
 	Logf    func(format string, args ...any)
 }
 
-// ErrFailed is returned when a transfer did not arrive intact.
+// ErrFailed is returned when a transfer did not arrive intact or the
+// --pcap capture could not be written; the output already says why.
 var ErrFailed = errors.New("demo: a transfer failed")
+
+// ErrInterrupted is returned when ctx was cancelled (Ctrl-C, SIGTERM)
+// before the transfers were done; the output already says so, once.
+var ErrInterrupted = errors.New("demo: interrupted")
 
 // host addresses: two loopback IPs, so that the capture shows two hosts.
 var hostIPs = [2]string{"127.0.0.1", "127.0.0.2"}
@@ -123,18 +131,34 @@ func Run(ctx context.Context, o Options) error {
 	if o.Pcap != "" {
 		fmt.Fprintf(w, " pcap    %s\n", o.Pcap)
 	}
-	failed := 0
+	if imp != nil {
+		fmt.Fprintf(w, " timeout %v for the three transfers together (--timeout)\n", o.Timeout)
+	}
+	// One deadline for the whole demo: with --impair loss=1 the demo
+	// fails after --timeout, not three times --timeout.
+	tctx, cancel := context.WithTimeout(ctx, o.Timeout)
+	defer cancel()
+	failed, done := 0, 0
 	for _, op := range ops {
 		fmt.Fprintln(w, report.Line)
 		fmt.Fprintf(w, " %s: %s\n", op.name, op.how)
+		if tctx.Err() != nil && ctx.Err() == nil {
+			failed++
+			fmt.Fprintf(w, " FAILED: not started, the demo's --timeout %v had passed\n", o.Timeout)
+			continue
+		}
 		fmt.Fprintln(w, report.BWHeader(report.MBps))
 		out := filepath.Join(tmp, strings.ReplaceAll(op.test.String(), "-", "_")+".out")
-		tctx, cancel := context.WithTimeout(ctx, o.Timeout)
 		res, err := transfer(tctx, op.test, o.File, out, o.Size, devs, o.Logf)
-		if err != nil && ctx.Err() == nil && tctx.Err() != nil {
-			err = fmt.Errorf("not done within %v (--timeout); with --impair loss a QP retries for ever, as rxe's retry_cnt 7", o.Timeout)
+		if ctx.Err() != nil {
+			// Ctrl-C or SIGTERM: say so once, not as a network failure
+			// of this transfer and of the ones after it.
+			break
 		}
-		cancel()
+		if err != nil && tctx.Err() != nil {
+			err = fmt.Errorf("not done within the demo's %v (--timeout); with --impair loss a QP retries for ever, as rxe's retry_cnt 7", o.Timeout)
+		}
+		done++
 		if res != nil && len(res.Report.BW) > 0 {
 			r := res.Report.BW[0]
 			fmt.Fprintf(w, " %-7d    %-10d       %-7.2f            %-7.2f\t\t   %-7.6f\n",
@@ -148,7 +172,7 @@ func Run(ctx context.Context, o Options) error {
 		switch {
 		case err != nil:
 			failed++
-			fmt.Fprintf(w, " FAILED: %v\n", err)
+			fmt.Fprintf(w, " FAILED: %s\n", strings.ReplaceAll(err.Error(), "\n", "; "))
 		case herr != nil:
 			failed++
 			fmt.Fprintf(w, " FAILED: %v\n", herr)
@@ -162,9 +186,27 @@ func Run(ctx context.Context, o Options) error {
 	fmt.Fprintln(w, report.Line)
 	printCounters(w, devs)
 	fmt.Fprintln(w, report.Line)
-	if failed > 0 {
+	if ctx.Err() != nil {
+		fmt.Fprintf(w, " INTERRUPTED after %d of %d transfers\n", done, len(ops))
+		return ErrInterrupted
+	}
+	var pcapErr error
+	if tap != nil {
+		// The tap's write errors are sticky and silent per packet: a
+		// capture that could not be written (a full disk, /dev/full)
+		// fails the demo here rather than leaving a truncated file
+		// behind a PASS.
+		if pcapErr = tap.Close(); pcapErr != nil {
+			fmt.Fprintf(w, " FAILED: --pcap %s: %v (the capture holds at most the first %d frames)\n", o.Pcap, pcapErr, tap.Count())
+		}
+	}
+	switch {
+	case failed > 0:
 		fmt.Fprintf(w, " FAIL: %d of %d transfers did not arrive intact\n", failed, len(ops))
 		return fmt.Errorf("%w: %d of %d", ErrFailed, failed, len(ops))
+	case pcapErr != nil:
+		fmt.Fprintf(w, " FAIL: %d of %d transfers arrived intact, but the capture could not be written\n", len(ops), len(ops))
+		return fmt.Errorf("%w: --pcap: %w", ErrFailed, pcapErr)
 	}
 	fmt.Fprintf(w, " PASS: %d of %d transfers arrived intact\n", len(ops), len(ops))
 	return nil
@@ -176,7 +218,7 @@ func Run(ctx context.Context, o Options) error {
 func openHost(ip string, imp *conn.Impairment, tap *pcaptap.Writer, logf func(string, ...any)) (*softrdma.Device, error) {
 	cfg := softrdma.Config{Impair: imp, Logf: logf}
 	if tap != nil {
-		cfg.Tap = tap
+		cfg.Tap = sentOnly{tap}
 	}
 	var err error
 	for _, a := range []string{ip + ":4791", ip + ":0", hostIPs[0] + ":0"} {
@@ -187,6 +229,19 @@ func openHost(ip string, imp *conn.Impairment, tap *pcaptap.Writer, logf func(st
 		}
 	}
 	return nil, fmt.Errorf("demo: open NIC on %s: %w", ip, err)
+}
+
+// sentOnly is the demo's tap: both NICs share one capture, and every
+// datagram one sends the other receives, so a tap of both directions
+// recorded each one twice (a newcomer's Wireshark showed every packet
+// duplicated). The sent side is the wire's view: after tx impairment,
+// before rx impairment.
+type sentOnly struct{ conn.Tap }
+
+func (t sentOnly) Packet(dir conn.Direction, src, dst netip.AddrPort, ipID uint16, roce []byte) {
+	if dir == conn.DirTx {
+		t.Tap.Packet(dir, src, dst, ipID, roce)
+	}
 }
 
 // transfer moves file with test: host B serves, host A is the client. The
@@ -258,13 +313,41 @@ func hashFile(path string) (int64, string, error) {
 	return n, hex.EncodeToString(h.Sum(nil)), nil
 }
 
-// printCounters prints the hw_counters that are not zero on either NIC.
+// legend explains the counters an ibverbs user misreads, each entry
+// printed when one of its counters is not zero (docs/cli.md, "demo").
+var legend = []struct {
+	names []string
+	text  string
+}{
+	{[]string{"rdma_sends", "rdma_recvs"},
+		"rdma_sends/rdma_recvs: RDMA WRITE and READ requests sent/executed, as rxe counts them (SENDs are not counted)"},
+	{[]string{"send_rnr_err", "rcvd_rnr_err", "drop_rnr", "naks_sent"},
+		"send_rnr_err/rcvd_rnr_err/drop_rnr/naks_sent: RNR NAKs, a SEND that came before its receive was posted (the tools post\n" +
+			"   theirs as a stream starts); the sender retries after the RNR timer: a few on a clean run are a race, not loss"},
+	{[]string{"out_of_seq_request", "drop_psn_out_of_window"},
+		"out_of_seq_request/drop_psn_out_of_window: requests that followed a NAKed one, dropped until it is sent again"},
+	{[]string{"retransmits"},
+		"retransmits: request packets sent again, after an RNR NAK, a NAK or a timeout (not an rxe counter)"},
+	{[]string{"drop_unknown_qpn"},
+		"drop_unknown_qpn: a packet for a QP already destroyed, e.g. the ACK of READ's last credit (the client closes its QP\n" +
+			"   without waiting for it); harmless at the end of a transfer"},
+}
+
+// printCounters prints the hw_counters that are not zero on either NIC,
+// then the legend of those that need one.
 func printCounters(w io.Writer, devs [2]*softrdma.Device) {
 	a, b := devs[0].Snapshot(), devs[1].Snapshot()
 	fmt.Fprintf(w, " %-28s %14s %14s\n", "hw_counters (non-zero)", "host A", "host B")
+	shown := map[string]bool{}
 	for i := range a {
 		if a[i].Value != 0 || b[i].Value != 0 {
 			fmt.Fprintf(w, " %-28s %14d %14d\n", a[i].Name, a[i].Value, b[i].Value)
+			shown[a[i].Name] = true
+		}
+	}
+	for _, l := range legend {
+		if slices.ContainsFunc(l.names, func(n string) bool { return shown[n] }) {
+			fmt.Fprintf(w, " %s\n", l.text)
 		}
 	}
 }

@@ -191,7 +191,7 @@ func (s *session) openDevice() error {
 			if s.o.RDMACM {
 				note = " (with -R a peer reaches it only if told the port: --roce-port; a RoCE NIC sends to 4791)"
 			}
-			s.logf("softrdma: %v; the device uses %v instead%s", err, s.dev.LocalAddr(), note)
+			s.logf("softrdma: %s; the device uses %v instead%s", strings.TrimPrefix(err.Error(), "softrdma: "), s.dev.LocalAddr(), note)
 			err = nil
 		}
 	}

@@ -619,7 +619,15 @@ func (r *run) pingpong(ctx context.Context) error {
 		for i := range wcs {
 			wc := &wcs[i]
 			if wc.Status != softrdma.WCSuccess {
-				return fmt.Errorf("failed status %s (%d) for wr_id %d", wc.Status, wc.Status, wc.WRID)
+				hint := ""
+				if wc.Status == softrdma.WCLocLenErr || wc.Status == softrdma.WCRemInvReqErr {
+					// A message longer than the receiver's buffer: the
+					// receive fails with a local length error, the send
+					// with a remote invalid request (as on rxe).
+					hint = fmt.Sprintf(" (did the peer run with another -s? both sides need the same -s, here %d; %s's exchange does not carry it)",
+						o.Size, o.tool())
+				}
+				return fmt.Errorf("failed status %s (%d) for wr_id %d%s", wc.Status, wc.Status, wc.WRID, hint)
 			}
 			switch wc.WRID {
 			case sendWRID:

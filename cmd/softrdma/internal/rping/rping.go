@@ -318,6 +318,16 @@ func (s *side) setupCtx(ctx context.Context) (context.Context, context.CancelFun
 	return context.WithCancel(ctx)
 }
 
+// connectErr is rping's "connect error" for err; when the --timeout of
+// setupCtx ended the set-up (and not ctx, Ctrl-C), it says what did not
+// happen in time (what) instead of Go's "context deadline exceeded".
+func (s *side) connectErr(ctx context.Context, err error, what string) error {
+	if s.o.Timeout > 0 && errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+		return fmt.Errorf("connect error: %s within --timeout %v", what, s.o.Timeout)
+	}
+	return fmt.Errorf("connect error: %w", err)
+}
+
 // errDisconnected ends a wait when the peer disconnected.
 var errDisconnected = errors.New("disconnected")
 
@@ -411,7 +421,7 @@ func (s *side) server(ctx context.Context) error {
 	s.conn, err = req.Accept(actx, s.qp, connParam())
 	cancel()
 	if err != nil {
-		return fmt.Errorf("connect error: %w", err)
+		return s.connectErr(ctx, err, fmt.Sprintf("the client at %v did not complete the connection (no RTU)", req.RemoteAddr()))
 	}
 	err = s.testServer(ctx)
 	if errors.Is(err, errDisconnected) {
@@ -487,7 +497,7 @@ func (s *side) client(ctx context.Context, dst netip.AddrPort) error {
 		}
 		var rej *rdmacm.RejectError
 		if !errors.As(err, &rej) || rej.Reason != mad.RejInvalidServiceID || time.Now().After(deadline) {
-			return fmt.Errorf("connect error: %w", err)
+			return s.connectErr(ctx, err, fmt.Sprintf("no server answered at %v", dst))
 		}
 		s.debugf("%v; trying again", err)
 		select {
