@@ -456,12 +456,15 @@ func (e *Engine) Invalidate(pd, qpn, key uint32, remote bool) (*Invalidation, er
 			return nil, bad("the window belongs to another PD")
 		case w.typ == MWType1:
 			return nil, bad("a type 1 window cannot be invalidated (o10-37.2.26)")
+		case remote && w.mr != nil && w.qpn != qpn:
+			// Checked before busy: an invalidation in progress (w.mr
+			// and w.qpn are kept until it ends) does not make a SEND
+			// with Invalidate on another QP acceptable.
+			return nil, bad("the type 2 window is bound to another QP")
 		case w.busy != nil:
 			return &Invalidation{other: w.busy}, nil
 		case w.mr == nil:
 			return nil, bad("the window is not bound")
-		case remote && w.qpn != qpn:
-			return nil, bad("the type 2 window is bound to another QP")
 		}
 		return e.invalidateWindowLocked(w), nil
 	}

@@ -4,8 +4,10 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/softrdma/softrdma/placement"
+	"github.com/softrdma/softrdma/stag"
 )
 
 // TestSuspensionSurvivesFastReg: a suspended FRWR MR invalidated by
@@ -35,4 +37,30 @@ func TestSuspensionSurvivesFastReg(t *testing.T) {
 	require.NoError(t, e.ResumeMR(mr))
 	require.Equal(t, placement.OK, write(e, pd1, 0, k2, mr.Addr(), []byte{3}))
 	require.Equal(t, byte(3), buf[0])
+}
+
+// TestRemoteInvalidateOfBusyWindowChecksQP: a SEND with Invalidate naming
+// a type 2 window bound to another QP is refused (class J) even while a
+// LOCAL_INV of the window waits for the placements in flight.
+func TestRemoteInvalidateOfBusyWindowChecksQP(t *testing.T) {
+	e := placement.New(placement.Config{PinLimit: 64 << 20})
+	mr := reg(t, e, pd1, make([]byte, 4096), rw|stag.AccessMWBind)
+	w, err := e.AllocMW(pd1, placement.MWType2)
+	require.NoError(t, err)
+	k := incKey(w.RKey())
+	_, err = e.BindMW(pd1, 5, w, k, placement.BindInfo{MR: mr, Addr: mr.Addr(), Length: 4096, Access: stag.AccessRemoteWrite})
+	require.NoError(t, err)
+
+	var c placement.Cursor // unbound: holds the MR until End
+	c.SetQP(5)
+	require.Equal(t, placement.OK, e.Begin(&c, pd1, k, mr.Addr(), 8, stag.AccessRemoteWrite))
+	inv, err := e.Invalidate(pd1, 5, k, false) // LOCAL_INV on QP 5: waits for c
+	require.NoError(t, err)
+
+	other, err := e.Invalidate(pd1, 6, k, true) // SEND with Invalidate received on QP 6
+	require.ErrorIs(t, err, unix.EINVAL, "the window is bound to QP 5")
+	require.Nil(t, other)
+	e.End(&c)
+	inv.Wait()
+	require.NoError(t, e.DeallocMW(w))
 }
