@@ -6,6 +6,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/softrdma/softrdma/hostmem"
 	"github.com/softrdma/softrdma/placement"
 	"github.com/softrdma/softrdma/stag"
 )
@@ -63,4 +64,38 @@ func TestRemoteInvalidateOfBusyWindowChecksQP(t *testing.T) {
 	e.End(&c)
 	inv.Wait()
 	require.NoError(t, e.DeallocMW(w))
+}
+
+// TestWindowAtomicOnODPFaults: an atomic through a type 1 window onto a
+// page of an ODP MR that is not present faults the page in (FaultRemote,
+// ResolvableRemote: the transport's sync and rnr policies) and executes,
+// as it does through the MR's own rkey.
+func TestWindowAtomicOnODPFaults(t *testing.T) {
+	as, err := hostmem.NewAddressSpace(hostmem.Config{Size: 16 << 20})
+	require.NoError(t, err)
+	e := placement.New(placement.Config{AddressSpace: as})
+	buf, err := as.Alloc(2 * 4096)
+	require.NoError(t, err)
+	mr, err := e.RegMR(pd1, buf, stag.AccessLocalWrite|stag.AccessMWBind|stag.AccessOnDemand)
+	require.NoError(t, err)
+	w, err := e.AllocMW(pd1, placement.MWType1)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		require.NoError(t, e.DeallocMW(w))
+		require.NoError(t, e.DeregMR(mr))
+		require.NoError(t, as.Free(hostmem.AddrOf(buf), len(buf)))
+		require.NoError(t, as.Close())
+	})
+	k := w.NextRKey()
+	_, err = e.BindMW(pd1, 5, w, k, placement.BindInfo{MR: mr, Addr: mr.Addr(), Length: uint64(len(buf)), Access: stag.AccessRemoteAtomic})
+	require.NoError(t, err)
+	va := mr.Addr() + 4096 + 64
+	_, st := e.AtomicQP(pd1, 7, k, va, placement.FetchAdd, 5, 0)
+	require.Equal(t, placement.WouldFault, st, "the page is not present yet")
+	require.True(t, e.ResolvableRemote(pd1, k, va, 8, true), "rnr policy: the window's page can be faulted in")
+	require.Equal(t, placement.OK, e.FaultRemote(pd1, k, va, 8, true), "sync policy: fault the window's page in")
+	orig, st := e.AtomicQP(pd1, 7, k, va, placement.FetchAdd, 5, 0)
+	require.Equal(t, placement.OK, st)
+	require.Zero(t, orig)
+	require.Equal(t, byte(5), buf[4096+64])
 }

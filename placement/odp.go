@@ -270,22 +270,17 @@ func (e *Engine) FaultRemote(pd, rkey uint32, va, n uint64, write bool) Status {
 // faultRemote is FaultRemote with extra fault flags (FaultPopulate for the
 // background).
 func (e *Engine) faultRemote(pd, rkey uint32, va, n uint64, write bool, fl pagetable.FaultFlags) Status {
-	need := stag.AccessRemoteRead
 	if write {
-		need = stag.AccessRemoteWrite
 		fl |= pagetable.FaultWrite
 	}
-	ent, r := e.mrs.Acquire(pd, stag.STag(rkey), 0)
-	if r != stag.OK {
+	ent, suspended := e.remoteEntry(pd, rkey, va, n, write)
+	if ent == nil {
+		if suspended {
+			return OK // nothing to fault now: the operation itself finds the suspension
+		}
 		return RemoteAccessErr
 	}
 	defer ent.Release()
-	if ent.Access&need == 0 && !(write && ent.Access&stag.AccessRemoteAtomic != 0) {
-		return RemoteAccessErr
-	}
-	if ent.CheckRange(va, n) != stag.OK {
-		return RemoteAccessErr
-	}
 	mr := ent.Value
 	if mr.odp == nil || n == 0 {
 		return OK
@@ -342,15 +337,62 @@ func (e *Engine) FaultCursorAsync(c *Cursor, pkt, n uint64, pd uint32) Status {
 // ResolvableRemote is Resolvable for the ODP MR named by rkey (an atomic's
 // word): false when the key, the range or the host mapping fails.
 func (e *Engine) ResolvableRemote(pd, rkey uint32, va, n uint64, write bool) bool {
-	ent, r := e.mrs.Acquire(pd, stag.STag(rkey), 0)
-	if r != stag.OK {
-		return false
+	ent, suspended := e.remoteEntry(pd, rkey, va, n, write)
+	if ent == nil {
+		return suspended // the retry finds the suspension
 	}
 	defer ent.Release()
-	if ent.CheckRange(va, n) != stag.OK || ent.Value.odp == nil {
+	if ent.Value.odp == nil {
 		return false
 	}
 	return ent.Value.odp.t.Resolvable(va, n, write)
+}
+
+// remoteEntry resolves rkey for a fault of [va, va+n) (n > 0) by a remote
+// access that writes (an RDMA WRITE or an atomic) or reads, and returns
+// the entry of the MR it places into with a counted reference (Release
+// it), or nil: a remote access error, or (suspended) a memory window onto
+// an MR whose placement is suspended. An MR's own key is checked for the
+// rights and the range, not for a suspension; a memory window's key gets
+// the checks of an access through it (Open: the window's key, PD, rights,
+// state and range) and yields its MR's entry. The QP is not known here,
+// so a type 2 window's key is refused (QPMismatch).
+func (e *Engine) remoteEntry(pd, rkey uint32, va, n uint64, write bool) (ent *stag.Entry[*MR], suspended bool) {
+	ent, r := e.mrs.Acquire(pd, stag.STag(rkey), 0)
+	if r == stag.OK {
+		need := stag.AccessRemoteRead
+		if write {
+			need = stag.AccessRemoteWrite
+		}
+		if ent.Target == nil && (ent.Access&need != 0 || write && ent.Access&stag.AccessRemoteAtomic != 0) &&
+			ent.CheckRange(va, n) == stag.OK {
+			return ent, false
+		}
+		ent.Release()
+		return nil, false
+	}
+	if r != stag.AccessDenied && r != stag.QPMismatch || n == 0 {
+		return nil, false
+	}
+	// Acquire refuses a window's key for an access without remote rights:
+	// make the checks of an access through it.
+	needs := [2]stag.Access{stag.AccessRemoteRead}
+	if write {
+		needs = [2]stag.Access{stag.AccessRemoteWrite, stag.AccessRemoteAtomic}
+	}
+	for _, need := range needs {
+		if need == 0 {
+			break
+		}
+		var sp stag.Span[*MR]
+		switch e.mrs.Open(&sp, pd, stag.STag(rkey), need, va, n) {
+		case stag.OK:
+			return sp.Entry, false // the Span's counted reference, released by the caller
+		case stag.Suspended:
+			return nil, true
+		}
+	}
+	return nil, false
 }
 
 // maxAsyncFaults bounds the background faults in flight.
