@@ -99,3 +99,30 @@ func TestWindowAtomicOnODPFaults(t *testing.T) {
 	require.Zero(t, orig)
 	require.Equal(t, byte(5), buf[4096+64])
 }
+
+// TestSuspendDuringRereg suspends and resumes an MR while it is being
+// re-registered: every suspension that succeeds can be resumed, writes
+// through the last key work at the end, and (under -race) SuspendMR and
+// ResumeMR read the MR's key and entry in order with ReregMR's change of
+// them (they read them unsynchronized: a data race).
+func TestSuspendDuringRereg(t *testing.T) {
+	e := placement.New(placement.Config{PinLimit: 64 << 20})
+	buf := make([]byte, 4096)
+	mr, err := e.RegMR(pd1, buf, rw)
+	require.NoError(t, err)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for range 200 {
+			_ = e.ReregMR(mr, placement.ReregChangeAccess, 0, nil, rw)
+		}
+	}()
+	for range 200 {
+		if e.SuspendMR(mr) == nil {
+			require.NoError(t, e.ResumeMR(mr))
+		}
+	}
+	<-done
+	require.Equal(t, placement.OK, write(e, pd1, 0, mr.RKey(), mr.Addr(), []byte{1}))
+	require.NoError(t, e.DeregMR(mr))
+}

@@ -165,9 +165,11 @@ func (e *Engine) ReregMR(mr *MR, flags ReregFlags, pd uint32, buf []byte, access
 		panic("placement: a checked re-registration failed: " + err.Error())
 	}
 	oldTable, oldODP := mr.table, mr.odp
-	e.reg.mu.Lock() // MRsCovering reads entry under it
+	e.life.mu.Lock() // SuspendMR and ResumeMR read the key under it
+	e.reg.mu.Lock()  // MRsCovering reads entry under it
 	mr.entry, mr.key = ent, ent.STag
 	e.reg.mu.Unlock()
+	e.life.mu.Unlock()
 	if nr.changed {
 		mr.table, mr.odp, mr.buf = nr.table, nr.odp, nr.buf
 	}
