@@ -1,6 +1,7 @@
 package placement_test
 
 import (
+	"bytes"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -125,4 +126,47 @@ func TestSuspendDuringRereg(t *testing.T) {
 	<-done
 	require.Equal(t, placement.OK, write(e, pd1, 0, mr.RKey(), mr.Addr(), []byte{1}))
 	require.NoError(t, e.DeregMR(mr))
+}
+
+// TestFaultCursorDuringRereg: the receive loop faults the pages of a
+// WRITE's next packet with its reader quiesced (FaultCursor after
+// Quiesce, as the transport's sync policy does) while the ODP MR is
+// re-registered with other rights. The re-registration must not swap the
+// MR's translation under the fault (under -race: unsynchronized accesses
+// to the MR's table), and the packet placed after the fault must not land
+// through the old registration.
+func TestFaultCursorDuringRereg(t *testing.T) {
+	as, err := hostmem.NewAddressSpace(hostmem.Config{Size: 16 << 20})
+	require.NoError(t, err)
+	e := placement.New(placement.Config{AddressSpace: as})
+	buf, err := as.Alloc(4 * 4096)
+	require.NoError(t, err)
+	mr, err := e.RegMR(pd1, buf, rw|stag.AccessOnDemand)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		require.NoError(t, e.DeregMR(mr))
+		require.NoError(t, as.Free(hostmem.AddrOf(buf), len(buf)))
+		require.NoError(t, as.Close())
+	})
+	rd := e.NewReader()
+	defer rd.Close()
+	var c placement.Cursor
+	c.Bind(rd)
+	k := mr.RKey()
+	require.Equal(t, placement.OK, e.Begin(&c, pd1, k, mr.Addr(), 2*4096, stag.AccessRemoteWrite))
+	require.Equal(t, placement.WouldFault, e.Write(&c, make([]byte, 4096)), "not present yet")
+	rd.Quiesce() // the transport quiesces before it faults
+	done := make(chan error)
+	go func() {
+		done <- e.ReregMR(mr, placement.ReregChangeAccess, 0, nil, stag.AccessRemoteRead|stag.AccessOnDemand)
+	}()
+	st := e.FaultCursor(&c, 4096)
+	require.NoError(t, <-done)
+	if st == placement.OK {
+		st = e.Write(&c, bytes.Repeat([]byte{1}, 4096))
+	}
+	e.End(&c)
+	rd.Quiesce()
+	require.Equal(t, placement.RemoteAccessErr, st, "the key was re-registered: the message is NAKed")
+	require.Equal(t, make([]byte, 4096), buf[:4096])
 }

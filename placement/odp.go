@@ -229,7 +229,8 @@ func (e *Engine) regODP(pd uint32, addr, length uint64, buf []byte, access stag.
 // FaultCursor resolves the page faults of the cursor's next n bytes (the
 // packet that Write or Read just refused with WouldFault), inline. It
 // returns RemoteAccessErr when a page cannot be faulted in (not mapped in
-// the host, or a write to a read-only page), OK otherwise; the caller then
+// the host, or a write to a read-only page) or the key was invalidated
+// since the cursor's last packet, OK otherwise; the caller then
 // repeats the Write or Read. It holds no copy section while it runs (an
 // invalidation of the same pages can proceed) and may block for the
 // fault's duration: the `sync` fault policy.
@@ -238,6 +239,13 @@ func (e *Engine) FaultCursor(c *Cursor, n uint64) Status {
 	if s.Entry == nil {
 		return OK
 	}
+	// The caller's reader is quiescent (a bound cursor holds nothing): a
+	// counted reference keeps the registration, and so the MR's
+	// translation, from changing under the fault (ReregMR, DeregMR).
+	if !s.Hold() {
+		return RemoteAccessErr // invalidated since the last packet
+	}
+	defer s.Entry.Release()
 	mr := s.Entry.Value
 	if mr.odp == nil {
 		return OK
