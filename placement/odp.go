@@ -218,7 +218,7 @@ func (e *Engine) regODP(pd uint32, addr, length uint64, buf []byte, access stag.
 		_ = t.Release()
 		return nil, operr.Wrap("placement", "reg MR", err)
 	}
-	mr.entry, mr.key = ent, ent.STag
+	mr.setEntry(ent)
 	if err := e.mrs.Validate(ent.STag); err != nil {
 		panic("placement: a new key cannot be validated: " + err.Error())
 	}

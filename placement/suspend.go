@@ -79,7 +79,7 @@ func (e *Engine) SuspendMR(mr *MR) error {
 		e.life.mu.Unlock()
 		return fmt.Errorf("placement: suspend: not a live MR of this device: %w", ErrInvalid)
 	}
-	key, ent := mr.key, mr.entry
+	key, ent := mr.stag(), mr.ent()
 	err := e.mrs.Suspend(key)
 	e.life.mu.Unlock()
 	if err != nil {
@@ -97,7 +97,7 @@ func (e *Engine) ResumeMR(mr *MR) error {
 		return fmt.Errorf("placement: resume: not an MR of this device: %w", ErrInvalid)
 	}
 	e.life.mu.Lock() // the key may have changed (REG_MR of an FRWR MR)
-	key := mr.key
+	key := mr.stag()
 	err := e.mrs.Resume(key)
 	e.life.mu.Unlock()
 	if err != nil {
@@ -181,7 +181,7 @@ func (e *Engine) MRsCovering(addr, n uint64) []*MR {
 		if m.Implicit() || m.dead.Load() {
 			continue
 		}
-		if m.entry.CheckRange(addr, n) == 0 {
+		if m.ent().CheckRange(addr, n) == 0 {
 			out = append(out, m)
 		}
 	}
