@@ -42,3 +42,29 @@ func TestMRFieldsReadDuringRegMR(t *testing.T) {
 	require.Equal(t, key, mr.RKey())
 	require.Equal(t, uint64(addrOf(buf)), mr.Addr())
 }
+
+// TestType1WindowBoundOnlyByBindMW: a BIND_MW work request posted for a
+// type 1 window is refused (libibverbs binds type 1 windows with
+// ibv_bind_mw only; mlx5 and ionic refuse IBV_WR_BIND_MW for them with
+// EINVAL). Accepted, it bypassed MW.NextRKey: the next QP.BindMW handed
+// out the key of the binding the work request had made, so that key —
+// stale once rebound — reached the new binding.
+func TestType1WindowBoundOnlyByBindMW(t *testing.T) {
+	p := softrdmatest.NewPair(t, softrdmatest.Options{Pipe: true})
+	_, mr := reg(t, p.B, 8192, rw|softrdma.AccessMWBind)
+	w, err := p.B.Dev.AllocMW(p.B.PD, softrdma.MWType1)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.B.Dev.DeallocMW(w) })
+	k1, err := p.B.QP.BindMW(w, 1, softrdma.SendSignaled, softrdma.MWBindInfo{MR: mr, Addr: mr.Addr(), Length: 4096, Access: softrdma.AccessRemoteWrite})
+	require.NoError(t, err)
+	require.Equal(t, softrdma.WCSuccess, waitWC(t, p.B.CQ, 1)[0].Status)
+	k2 := softrdma.IncRKey(w.RKey())
+	_, err = p.B.QP.PostSend(softrdma.SendWR{WRID: 2, Opcode: softrdma.WRBindMW, Flags: softrdma.SendSignaled,
+		BindMW: softrdma.MWBind{MW: w, RKey: k2, Info: softrdma.MWBindInfo{MR: mr, Addr: mr.Addr(), Length: 4096, Access: softrdma.AccessRemoteWrite}}})
+	require.ErrorIs(t, err, softrdma.ErrBadOpcode, "IBV_WR_BIND_MW of a type 1 window")
+	k3, err := p.B.QP.BindMW(w, 3, softrdma.SendSignaled, softrdma.MWBindInfo{MR: mr, Addr: mr.Addr() + 4096, Length: 4096, Access: softrdma.AccessRemoteWrite})
+	require.NoError(t, err)
+	require.Equal(t, softrdma.WCSuccess, waitWC(t, p.B.CQ, 1)[0].Status)
+	require.NotEqual(t, k1, k3)
+	require.Equal(t, k3, w.RKey())
+}

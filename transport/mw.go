@@ -30,6 +30,9 @@ type MWBind struct {
 	MW   *placement.MW
 	RKey uint32             // the window's new rkey: the same index, a new key byte (IncRKey)
 	Info placement.BindInfo // the MR, the window's range and rights
+	// verb: posted by QP.BindMW (ibv_bind_mw), the only way to bind a
+	// type 1 window.
+	verb bool
 }
 
 // localState is a local operation WQE's progress.
@@ -64,6 +67,13 @@ func checkLocalWR(wr *SendWR) error {
 		return fmt.Errorf("%w: REG_MR without an MR", ErrBadOpcode)
 	case wr.Opcode == WRBindMW && wr.BindMW.MW == nil:
 		return fmt.Errorf("%w: BIND_MW without a window", ErrBadOpcode)
+	case wr.Opcode == WRBindMW && wr.BindMW.MW.Type() == placement.MWType1 && !wr.BindMW.verb:
+		// libibverbs: a type 1 window is bound with ibv_bind_mw, a type
+		// 2 one with IBV_WR_BIND_MW (mlx5, ionic: EINVAL). A BIND_MW
+		// posted for a type 1 window would also bypass MW.NextRKey, so
+		// that the next QP.BindMW could reuse the key of the binding it
+		// made (a stale rkey would then reach the new binding).
+		return fmt.Errorf("%w: a type 1 window is bound with QP.BindMW (ibv_bind_mw)", ErrBadOpcode)
 	}
 	return nil
 }
@@ -226,7 +236,7 @@ func (qp *QP) BindMW(mw *placement.MW, wrid uint64, flags SendFlags, info placem
 	}
 	rkey := mw.NextRKey()
 	_, err := qp.PostSend(SendWR{WRID: wrid, Opcode: WRBindMW, Flags: flags,
-		BindMW: MWBind{MW: mw, RKey: rkey, Info: info}})
+		BindMW: MWBind{MW: mw, RKey: rkey, Info: info, verb: true}})
 	if err != nil {
 		return 0, err
 	}
