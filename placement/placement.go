@@ -115,10 +115,10 @@ type MR struct {
 	// the application may read LKey, RKey, Addr... (ibv_mr's fields).
 	key   atomic.Uint32                   // stag.STag
 	entry atomic.Pointer[stag.Entry[*MR]] // key table entry; its Value is this MR
-	table *pagetable.Table // translation of a pinned region
-	odp   *odpState        // translation of an ODP region (then table is nil)
-	buf   []byte           // the registered bytes, kept referenced
-	dead  atomic.Bool      // DeregMR has started
+	table *pagetable.Table                // translation of a pinned region
+	odp   *odpState                       // translation of an ODP region (then table is nil)
+	buf   []byte                          // the registered bytes, kept referenced
+	dead  atomic.Bool                     // DeregMR has started
 	eng   *Engine
 	adv   advertised // QPs the rkey was declared advertised to
 	life  mrLife     // FRWR state, windows bound (mw.go); guarded by eng.life.mu
