@@ -1,6 +1,7 @@
 package softrdma_test
 
 import (
+	"encoding/binary"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -67,4 +68,39 @@ func TestType1WindowBoundOnlyByBindMW(t *testing.T) {
 	require.Equal(t, softrdma.WCSuccess, waitWC(t, p.B.CQ, 1)[0].Status)
 	require.NotEqual(t, k1, k3)
 	require.Equal(t, k3, w.RKey())
+}
+
+// TestWindowAtomicOnODPEndToEnd: an atomic through a memory window (type
+// 1, and type 2 on its QP) onto a page of an ODP MR that is not present is
+// faulted in and executed under both fault policies. It was NAKed with a
+// remote access error: the atomic's fault resolved the rkey as an MR's.
+func TestWindowAtomicOnODPEndToEnd(t *testing.T) {
+	odpPolicies(t, func(t *testing.T, o softrdmatest.Options) {
+		for _, typ := range []softrdma.MWType{softrdma.MWType1, softrdma.MWType2} {
+			p := softrdmatest.NewPair(t, o)
+			local, localMR := reg(t, p.A, 64, rw)
+			remote, mr := odpAlloc(t, p.B, 2*pageSize, softrdma.AccessLocalWrite|softrdma.AccessMWBind)
+			w, err := p.B.Dev.AllocMW(p.B.PD, typ)
+			require.NoError(t, err)
+			info := softrdma.MWBindInfo{MR: mr, Addr: mr.Addr(), Length: 2 * pageSize, Access: softrdma.AccessRemoteAtomic}
+			var k uint32
+			if typ == softrdma.MWType1 {
+				k, err = p.B.QP.BindMW(w, 1, softrdma.SendSignaled, info)
+				require.NoError(t, err)
+			} else {
+				k = softrdma.IncRKey(w.RKey())
+				post(t, p.B.QP, softrdma.SendWR{WRID: 1, Opcode: softrdma.WRBindMW, Flags: softrdma.SendSignaled,
+					BindMW: softrdma.MWBind{MW: w, RKey: k, Info: info}})
+			}
+			require.Equal(t, softrdma.WCSuccess, waitWC(t, p.B.CQ, 1)[0].Status)
+			post(t, p.A.QP, softrdma.SendWR{WRID: 2, Opcode: softrdma.WRAtomicFetchAndAdd, Flags: softrdma.SendSignaled, CompareAdd: 7,
+				SGL:        []softrdma.SGE{{Addr: localMR.Addr(), Length: 8, LKey: localMR.LKey()}},
+				RemoteAddr: mr.Addr() + pageSize + 8, RKey: k})
+			wc := waitWC(t, p.A.CQ, 1)[0]
+			require.Equal(t, softrdma.WCSuccess, wc.Status, "%v", typ)
+			require.Zero(t, binary.NativeEndian.Uint64(local))
+			require.EqualValues(t, 7, binary.NativeEndian.Uint64(remote[pageSize+8:]))
+			require.NoError(t, p.B.Dev.DeallocMW(w))
+		}
+	})
 }

@@ -101,6 +101,41 @@ func TestWindowAtomicOnODPFaults(t *testing.T) {
 	require.Equal(t, byte(5), buf[4096+64])
 }
 
+// TestType2WindowAtomicOnODPFaults: the same through a type 2 window, for
+// the QP it is bound to (FaultRemoteQP, ResolvableRemoteQP: the responder
+// knows the QP), and not for another QP.
+func TestType2WindowAtomicOnODPFaults(t *testing.T) {
+	as, err := hostmem.NewAddressSpace(hostmem.Config{Size: 16 << 20})
+	require.NoError(t, err)
+	e := placement.New(placement.Config{AddressSpace: as})
+	buf, err := as.Alloc(2 * 4096)
+	require.NoError(t, err)
+	mr, err := e.RegMR(pd1, buf, stag.AccessLocalWrite|stag.AccessMWBind|stag.AccessOnDemand)
+	require.NoError(t, err)
+	w, err := e.AllocMW(pd1, placement.MWType2)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		require.NoError(t, e.DeallocMW(w))
+		require.NoError(t, e.DeregMR(mr))
+		require.NoError(t, as.Free(hostmem.AddrOf(buf), len(buf)))
+		require.NoError(t, as.Close())
+	})
+	k := incKey(w.RKey())
+	_, err = e.BindMW(pd1, 5, w, k, placement.BindInfo{MR: mr, Addr: mr.Addr(), Length: uint64(len(buf)), Access: stag.AccessRemoteAtomic})
+	require.NoError(t, err)
+	va := mr.Addr() + 4096 + 64
+	_, st := e.AtomicQP(pd1, 5, k, va, placement.FetchAdd, 5, 0)
+	require.Equal(t, placement.WouldFault, st, "the page is not present yet")
+	require.False(t, e.ResolvableRemoteQP(pd1, 6, k, va, 8, true), "another QP")
+	require.Equal(t, placement.RemoteAccessErr, e.FaultRemoteQP(pd1, 6, k, va, 8, true), "another QP")
+	require.True(t, e.ResolvableRemoteQP(pd1, 5, k, va, 8, true), "rnr policy")
+	require.Equal(t, placement.OK, e.FaultRemoteQP(pd1, 5, k, va, 8, true), "sync policy")
+	orig, st := e.AtomicQP(pd1, 5, k, va, placement.FetchAdd, 5, 0)
+	require.Equal(t, placement.OK, st)
+	require.Zero(t, orig)
+	require.Equal(t, byte(5), buf[4096+64])
+}
+
 // TestSuspendDuringRereg suspends and resumes an MR while it is being
 // re-registered: every suspension that succeeds can be resumed, writes
 // through the last key work at the end, and (under -race) SuspendMR and

@@ -272,16 +272,22 @@ func (e *Engine) FaultCursor(c *Cursor, n uint64) Status {
 // OK at once. Like FaultCursor it makes no system call for the pages: one
 // nobody has touched is populated by the kernel in the copy that follows.
 func (e *Engine) FaultRemote(pd, rkey uint32, va, n uint64, write bool) Status {
-	return e.faultRemote(pd, rkey, va, n, write, 0)
+	return e.faultRemote(pd, 0, rkey, va, n, write, 0)
+}
+
+// FaultRemoteQP is FaultRemote for a request received by QP qpn: a type 2
+// memory window's rkey resolves only for the QP it is bound to (AtomicQP).
+func (e *Engine) FaultRemoteQP(pd, qpn, rkey uint32, va, n uint64, write bool) Status {
+	return e.faultRemote(pd, qpn, rkey, va, n, write, 0)
 }
 
 // faultRemote is FaultRemote with extra fault flags (FaultPopulate for the
 // background).
-func (e *Engine) faultRemote(pd, rkey uint32, va, n uint64, write bool, fl pagetable.FaultFlags) Status {
+func (e *Engine) faultRemote(pd, qpn, rkey uint32, va, n uint64, write bool, fl pagetable.FaultFlags) Status {
 	if write {
 		fl |= pagetable.FaultWrite
 	}
-	ent, suspended := e.remoteEntry(pd, rkey, va, n, write)
+	ent, suspended := e.remoteEntry(pd, qpn, rkey, va, n, write)
 	if ent == nil {
 		if suspended {
 			return OK // nothing to fault now: the operation itself finds the suspension
@@ -308,6 +314,12 @@ func (e *Engine) faultRemote(pd, rkey uint32, va, n uint64, write bool, fl paget
 // request is dropped (the retried packet faults again) and false is
 // returned.
 func (e *Engine) FaultAsync(pd, rkey uint32, va, n uint64, write bool) bool {
+	return e.FaultAsyncQP(pd, 0, rkey, va, n, write)
+}
+
+// FaultAsyncQP is FaultAsync for a request received by QP qpn (see
+// FaultRemoteQP).
+func (e *Engine) FaultAsyncQP(pd, qpn, rkey uint32, va, n uint64, write bool) bool {
 	select {
 	case e.asyncSem <- struct{}{}:
 	default:
@@ -315,7 +327,7 @@ func (e *Engine) FaultAsync(pd, rkey uint32, va, n uint64, write bool) bool {
 	}
 	go func() {
 		defer func() { <-e.asyncSem }()
-		e.faultRemote(pd, rkey, va, n, write, pagetable.FaultPopulate)
+		e.faultRemote(pd, qpn, rkey, va, n, write, pagetable.FaultPopulate)
 	}()
 	return true
 }
@@ -345,7 +357,13 @@ func (e *Engine) FaultCursorAsync(c *Cursor, pkt, n uint64, pd uint32) Status {
 // ResolvableRemote is Resolvable for the ODP MR named by rkey (an atomic's
 // word): false when the key, the range or the host mapping fails.
 func (e *Engine) ResolvableRemote(pd, rkey uint32, va, n uint64, write bool) bool {
-	ent, suspended := e.remoteEntry(pd, rkey, va, n, write)
+	return e.ResolvableRemoteQP(pd, 0, rkey, va, n, write)
+}
+
+// ResolvableRemoteQP is ResolvableRemote for a request received by QP qpn
+// (see FaultRemoteQP).
+func (e *Engine) ResolvableRemoteQP(pd, qpn, rkey uint32, va, n uint64, write bool) bool {
+	ent, suspended := e.remoteEntry(pd, qpn, rkey, va, n, write)
 	if ent == nil {
 		return suspended // the retry finds the suspension
 	}
@@ -363,9 +381,9 @@ func (e *Engine) ResolvableRemote(pd, rkey uint32, va, n uint64, write bool) boo
 // an MR whose placement is suspended. An MR's own key is checked for the
 // rights and the range, not for a suspension; a memory window's key gets
 // the checks of an access through it (Open: the window's key, PD, rights,
-// state and range) and yields its MR's entry. The QP is not known here,
-// so a type 2 window's key is refused (QPMismatch).
-func (e *Engine) remoteEntry(pd, rkey uint32, va, n uint64, write bool) (ent *stag.Entry[*MR], suspended bool) {
+// state and range, and for a type 2 window that qpn is its QP) and
+// yields its MR's entry.
+func (e *Engine) remoteEntry(pd, qpn, rkey uint32, va, n uint64, write bool) (ent *stag.Entry[*MR], suspended bool) {
 	ent, r := e.mrs.Acquire(pd, stag.STag(rkey), 0)
 	if r == stag.OK {
 		need := stag.AccessRemoteRead
@@ -393,6 +411,7 @@ func (e *Engine) remoteEntry(pd, rkey uint32, va, n uint64, write bool) (ent *st
 			break
 		}
 		var sp stag.Span[*MR]
+		sp.QP = qpn
 		switch e.mrs.Open(&sp, pd, stag.STag(rkey), need, va, n) {
 		case stag.OK:
 			return sp.Entry, false // the Span's counted reference, released by the caller
