@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/softrdma/softrdma"
 	"github.com/softrdma/softrdma/softrdmatest"
@@ -103,4 +104,41 @@ func TestWindowAtomicOnODPEndToEnd(t *testing.T) {
 			require.NoError(t, p.B.Dev.DeallocMW(w))
 		}
 	})
+}
+
+// TestBindMWChecksAtPost: ibv_bind_mw checks what it can when it posts
+// (rdma-core's rxe provider: an MR of another PD is EPERM; ZERO_BASED, or
+// an address or length without an MR, EINVAL) and posts nothing, so the
+// QP stays usable. QP.BindMW posted such binds, which then completed with
+// IBV_WC_MW_BIND_ERR and moved the QP to ERR.
+func TestBindMWChecksAtPost(t *testing.T) {
+	p := softrdmatest.NewPair(t, softrdmatest.Options{Pipe: true})
+	_, mr := reg(t, p.B, 4096, rw|softrdma.AccessMWBind)
+	pd2, err := p.B.Dev.AllocPD()
+	require.NoError(t, err)
+	other, err := p.B.Dev.RegMR(pd2, make([]byte, 4096), rw|softrdma.AccessMWBind)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.B.Dev.DeregMR(other) })
+	w, err := p.B.Dev.AllocMW(p.B.PD, softrdma.MWType1)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.B.Dev.DeallocMW(w) })
+	for _, tc := range []struct {
+		name string
+		info softrdma.MWBindInfo
+		is   error
+	}{
+		{"an MR of another PD", softrdma.MWBindInfo{MR: other, Addr: other.Addr(), Length: 64, Access: softrdma.AccessRemoteRead}, unix.EPERM},
+		{"zero based", softrdma.MWBindInfo{MR: mr, Addr: 0, Length: 64, Access: softrdma.AccessRemoteRead | softrdma.AccessZeroBased}, unix.EINVAL},
+		{"a length without an MR", softrdma.MWBindInfo{Length: 64, Access: softrdma.AccessRemoteRead}, unix.EINVAL},
+	} {
+		_, err := p.B.QP.BindMW(w, 1, softrdma.SendSignaled, tc.info)
+		require.ErrorIs(t, err, tc.is, tc.name)
+		require.Equal(t, softrdma.QPStateRTS, p.B.QP.State(), tc.name)
+	}
+	k, err := p.B.QP.BindMW(w, 2, softrdma.SendSignaled, softrdma.MWBindInfo{MR: mr, Addr: mr.Addr(), Length: 64, Access: softrdma.AccessRemoteRead})
+	require.NoError(t, err)
+	wc := waitWC(t, p.B.CQ, 1)[0]
+	require.Equal(t, uint64(2), wc.WRID, "nothing was posted by the refused binds")
+	require.Equal(t, softrdma.WCSuccess, wc.Status)
+	require.Equal(t, k, w.RKey())
 }

@@ -2,6 +2,7 @@ package transport
 
 import (
 	"fmt"
+	"syscall"
 
 	"github.com/softrdma/softrdma/placement"
 	"github.com/softrdma/softrdma/stag"
@@ -228,11 +229,24 @@ func (qp *QP) invalidateIETH(p *wire.Packet, path *path, b *txBatch) bool {
 // (WCBindMW) is generated if flags has SendSignaled (or the QP signals
 // all); a bind that fails completes with WCMWBindErr and moves the QP to
 // ERR. A type 2 window is bound with a BIND_MW work request posted with
-// PostSend. Errors: a nil or type 2 window (ErrBadOpcode), and those of
-// PostSend.
+// PostSend. Errors, with nothing posted: a nil or type 2 window
+// (ErrBadOpcode); an MR of another PD than the window's (EPERM), a
+// zero-based window, an address or length without an MR (EINVAL), as
+// rdma-core's rxe provider checks them; and those of PostSend.
 func (qp *QP) BindMW(mw *placement.MW, wrid uint64, flags SendFlags, info placement.BindInfo) (uint32, error) {
 	if mw == nil || mw.Type() != placement.MWType1 {
 		return 0, fmt.Errorf("%w: ibv_bind_mw binds type 1 windows (post BIND_MW for type 2)", ErrBadOpcode)
+	}
+	// What rdma-core's rxe provider checks when it posts (nothing is
+	// posted, the QP stays usable); the rest is checked when the bind
+	// executes.
+	switch {
+	case info.MR == nil && (info.Addr != 0 || info.Length != 0):
+		return 0, fmt.Errorf("transport: bind MW: an address or length without an MR: %w", syscall.EINVAL)
+	case info.Access&stag.AccessZeroBased != 0:
+		return 0, fmt.Errorf("transport: bind MW: a zero-based type 1 window: %w", syscall.EINVAL)
+	case info.MR != nil && info.MR.PD() != mw.PD():
+		return 0, fmt.Errorf("transport: bind MW: the MR's PD is not the window's: %w", syscall.EPERM)
 	}
 	rkey := mw.NextRKey()
 	_, err := qp.PostSend(SendWR{WRID: wrid, Opcode: WRBindMW, Flags: flags,
