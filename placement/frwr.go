@@ -37,7 +37,7 @@ func (e *Engine) AllocMR(pd uint32, maxPages int) (*MR, error) {
 	if err != nil {
 		return nil, operr.Wrap("placement", "alloc MR", err)
 	}
-	mr.entry, mr.key = ent, ent.STag
+	mr.setEntry(ent)
 	return mr, nil
 }
 
@@ -154,19 +154,19 @@ func (e *Engine) FastReg(pd uint32, mr *MR, key uint32, access stag.Access) erro
 		return operr.Wrap("placement", "REG_MR", ErrBusy)
 	case mr.life.valid:
 		return bad("the MR is registered (invalidate it first)")
-	case mr.entry.PD != pd:
+	case mr.ent().PD != pd:
 		return bad("the QP's PD is not the MR's")
-	case stag.STag(key).Index() != mr.key.Index():
-		return bad(fmt.Sprintf("key %v names another index than the MR's %v", stag.STag(key), mr.key))
+	case stag.STag(key).Index() != mr.stag().Index():
+		return bad(fmt.Sprintf("key %v names another index than the MR's %v", stag.STag(key), mr.stag()))
 	case !mr.life.mapped:
 		return bad("no memory mapped (MapMR)")
 	}
 	t := mr.table
-	ent, err := e.mrs.Rekey(mr.key, stag.STag(key), pd, t.IOVA(), t.Len(), access, mr, nil, 0)
+	ent, err := e.mrs.Rekey(mr.stag(), stag.STag(key), pd, t.IOVA(), t.Len(), access, mr, nil, 0)
 	if err != nil {
 		panic("placement: a checked REG_MR failed: " + err.Error())
 	}
-	mr.entry, mr.key = ent, ent.STag
+	mr.setEntry(ent)
 	if flat, writable := t.Linear(); flat != nil {
 		if err := e.mrs.SetLinear(ent.STag, &flat[0], writable && access&stag.AccessLocalWrite != 0); err != nil {
 			panic("placement: the key of a registered MR is missing: " + err.Error())

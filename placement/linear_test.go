@@ -34,10 +34,10 @@ func TestCursorFollowsTheLinearMapping(t *testing.T) {
 		require.Equal(t, OK, e.Begin(&c, 1, mr.RKey(), mr.Addr()+100, uint64(len(msg)), stag.AccessRemoteWrite))
 		require.True(t, c.s.Linear())
 		require.Equal(t, OK, e.Write(&c, msg[:4096]))
-		require.NoError(t, e.mrs.ClearLinear(mr.key))
+		require.NoError(t, e.mrs.ClearLinear(mr.stag()))
 		require.Equal(t, OK, e.Write(&c, msg[4096:8192]))
 		require.False(t, c.s.Linear(), "the second packet walked the table")
-		require.NoError(t, e.mrs.SetLinear(mr.key, &flat[0], true))
+		require.NoError(t, e.mrs.SetLinear(mr.stag(), &flat[0], true))
 		require.Equal(t, OK, e.Write(&c, msg[8192:]))
 		require.True(t, c.s.Linear())
 		e.End(&c)
@@ -45,9 +45,9 @@ func TestCursorFollowsTheLinearMapping(t *testing.T) {
 
 		got := make([]byte, len(msg))
 		require.Equal(t, OK, e.Begin(&c, 1, mr.RKey(), mr.Addr()+100, uint64(len(got)), stag.AccessRemoteRead))
-		require.NoError(t, e.mrs.ClearLinear(mr.key))
+		require.NoError(t, e.mrs.ClearLinear(mr.stag()))
 		require.Equal(t, OK, e.Read(&c, got))
-		require.NoError(t, e.mrs.SetLinear(mr.key, &flat[0], true))
+		require.NoError(t, e.mrs.SetLinear(mr.stag(), &flat[0], true))
 		e.End(&c)
 		require.Equal(t, msg, got)
 	}
@@ -88,7 +88,7 @@ func TestGatherWithShowsEveryByteOnce(t *testing.T) {
 	mb, err := e.RegMR(1, b, stag.AccessLocalWrite)
 	require.NoError(t, err)
 	defer e.DeregMR(mb)
-	require.NoError(t, e.mrs.ClearLinear(mb.key)) // b walks its table
+	require.NoError(t, e.mrs.ClearLinear(mb.stag())) // b walks its table
 	sgl := []SGE{{Addr: ma.Addr() + 10, Length: 5000, LKey: ma.LKey()}, {Addr: mb.Addr() + 4000, Length: 4000, LKey: mb.LKey()}}
 	for _, tc := range []struct{ off, n int }{{0, 9000}, {100, 4900}, {4999, 2}, {5000, 4000}, {6000, 100}} {
 		want := make([]byte, tc.n)

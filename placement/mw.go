@@ -268,11 +268,11 @@ func (e *Engine) invalidateWindowLocked(w *MW) *Invalidation {
 	if err := e.mrs.Invalidate(w.key); err != nil {
 		panic("placement: the key of a bound window is missing: " + err.Error())
 	}
-	if err := e.mrs.Touch(mr.key); err != nil {
+	if err := e.mrs.Touch(mr.stag()); err != nil {
 		panic("placement: the MR of a bound window is missing: " + err.Error())
 	}
 	w.busy = make(chan struct{})
-	return &Invalidation{e: e, drain: mr.entry, busy: w.busy, done: func() {
+	return &Invalidation{e: e, drain: mr.ent(), busy: w.busy, done: func() {
 		w.busy = nil
 		w.mr = nil
 		w.qpn = 0
@@ -324,9 +324,9 @@ func (e *Engine) checkBind(pd uint32, w *MW, rkey uint32, b *BindInfo) error {
 		return bad("the MR lacks MW_BIND access (C10-73)")
 	case b.Access&(stag.AccessRemoteWrite|stag.AccessRemoteAtomic) != 0 && mr.Access()&stag.AccessLocalWrite == 0:
 		return bad("a writable window needs an MR with LOCAL_WRITE (C10-74)")
-	case mr.entry.CheckRange(b.Addr, b.Length) != stag.OK:
+	case mr.ent().CheckRange(b.Addr, b.Length) != stag.OK:
 		return bad(fmt.Sprintf("[%#x, +%d) is not inside the MR [%#x, +%d) (C10-75)",
-			b.Addr, b.Length, mr.entry.IOVA, mr.entry.Length))
+			b.Addr, b.Length, mr.ent().IOVA, mr.ent().Length))
 	}
 	return nil
 }
@@ -377,7 +377,7 @@ func (e *Engine) bindLocked(w *MW, qpn, rkey uint32, b *BindInfo) {
 		mr     *MR
 	)
 	if b.Length > 0 {
-		mr, target = b.MR, b.MR.entry
+		mr, target = b.MR, b.MR.ent()
 		if w.typ == MWType2 {
 			owner = qpn
 		}
@@ -456,17 +456,20 @@ func (e *Engine) Invalidate(pd, qpn, key uint32, remote bool) (*Invalidation, er
 			return nil, bad("the window belongs to another PD")
 		case w.typ == MWType1:
 			return nil, bad("a type 1 window cannot be invalidated (o10-37.2.26)")
+		case remote && w.mr != nil && w.qpn != qpn:
+			// Checked before busy: an invalidation in progress (w.mr
+			// and w.qpn are kept until it ends) does not make a SEND
+			// with Invalidate on another QP acceptable.
+			return nil, bad("the type 2 window is bound to another QP")
 		case w.busy != nil:
 			return &Invalidation{other: w.busy}, nil
 		case w.mr == nil:
 			return nil, bad("the window is not bound")
-		case remote && w.qpn != qpn:
-			return nil, bad("the type 2 window is bound to another QP")
 		}
 		return e.invalidateWindowLocked(w), nil
 	}
 	ent := e.mrs.Get(stag.STag(key))
-	if ent == nil || ent.Value == nil || ent.Value.entry != ent {
+	if ent == nil || ent.Value == nil || ent.Value.ent() != ent {
 		return nil, bad("no MR has this key")
 	}
 	mr := ent.Value
@@ -486,12 +489,12 @@ func (e *Engine) Invalidate(pd, qpn, key uint32, remote bool) (*Invalidation, er
 	case !mr.life.valid:
 		return nil, nil
 	}
-	if err := e.mrs.Invalidate(mr.key); err != nil {
+	if err := e.mrs.Invalidate(mr.stag()); err != nil {
 		panic("placement: the key of a registered MR is missing: " + err.Error())
 	}
 	mr.life.valid = false
 	mr.life.busy = make(chan struct{})
-	return &Invalidation{e: e, drain: mr.entry, busy: mr.life.busy, done: func() { mr.life.busy = nil }}, nil
+	return &Invalidation{e: e, drain: mr.ent(), busy: mr.life.busy, done: func() { mr.life.busy = nil }}, nil
 }
 
 // beginDereg marks mr deregistered, after waiting for an invalidation or

@@ -218,7 +218,7 @@ func (e *Engine) regODP(pd uint32, addr, length uint64, buf []byte, access stag.
 		_ = t.Release()
 		return nil, operr.Wrap("placement", "reg MR", err)
 	}
-	mr.entry, mr.key = ent, ent.STag
+	mr.setEntry(ent)
 	if err := e.mrs.Validate(ent.STag); err != nil {
 		panic("placement: a new key cannot be validated: " + err.Error())
 	}
@@ -229,7 +229,8 @@ func (e *Engine) regODP(pd uint32, addr, length uint64, buf []byte, access stag.
 // FaultCursor resolves the page faults of the cursor's next n bytes (the
 // packet that Write or Read just refused with WouldFault), inline. It
 // returns RemoteAccessErr when a page cannot be faulted in (not mapped in
-// the host, or a write to a read-only page), OK otherwise; the caller then
+// the host, or a write to a read-only page) or the key was invalidated
+// since the cursor's last packet, OK otherwise; the caller then
 // repeats the Write or Read. It holds no copy section while it runs (an
 // invalidation of the same pages can proceed) and may block for the
 // fault's duration: the `sync` fault policy.
@@ -238,6 +239,13 @@ func (e *Engine) FaultCursor(c *Cursor, n uint64) Status {
 	if s.Entry == nil {
 		return OK
 	}
+	// The caller's reader is quiescent (a bound cursor holds nothing): a
+	// counted reference keeps the registration, and so the MR's
+	// translation, from changing under the fault (ReregMR, DeregMR).
+	if !s.Hold() {
+		return RemoteAccessErr // invalidated since the last packet
+	}
+	defer s.Entry.Release()
 	mr := s.Entry.Value
 	if mr.odp == nil {
 		return OK
@@ -264,28 +272,29 @@ func (e *Engine) FaultCursor(c *Cursor, n uint64) Status {
 // OK at once. Like FaultCursor it makes no system call for the pages: one
 // nobody has touched is populated by the kernel in the copy that follows.
 func (e *Engine) FaultRemote(pd, rkey uint32, va, n uint64, write bool) Status {
-	return e.faultRemote(pd, rkey, va, n, write, 0)
+	return e.faultRemote(pd, 0, rkey, va, n, write, 0)
+}
+
+// FaultRemoteQP is FaultRemote for a request received by QP qpn: a type 2
+// memory window's rkey resolves only for the QP it is bound to (AtomicQP).
+func (e *Engine) FaultRemoteQP(pd, qpn, rkey uint32, va, n uint64, write bool) Status {
+	return e.faultRemote(pd, qpn, rkey, va, n, write, 0)
 }
 
 // faultRemote is FaultRemote with extra fault flags (FaultPopulate for the
 // background).
-func (e *Engine) faultRemote(pd, rkey uint32, va, n uint64, write bool, fl pagetable.FaultFlags) Status {
-	need := stag.AccessRemoteRead
+func (e *Engine) faultRemote(pd, qpn, rkey uint32, va, n uint64, write bool, fl pagetable.FaultFlags) Status {
 	if write {
-		need = stag.AccessRemoteWrite
 		fl |= pagetable.FaultWrite
 	}
-	ent, r := e.mrs.Acquire(pd, stag.STag(rkey), 0)
-	if r != stag.OK {
+	ent, suspended := e.remoteEntry(pd, qpn, rkey, va, n, write)
+	if ent == nil {
+		if suspended {
+			return OK // nothing to fault now: the operation itself finds the suspension
+		}
 		return RemoteAccessErr
 	}
 	defer ent.Release()
-	if ent.Access&need == 0 && !(write && ent.Access&stag.AccessRemoteAtomic != 0) {
-		return RemoteAccessErr
-	}
-	if ent.CheckRange(va, n) != stag.OK {
-		return RemoteAccessErr
-	}
 	mr := ent.Value
 	if mr.odp == nil || n == 0 {
 		return OK
@@ -305,6 +314,12 @@ func (e *Engine) faultRemote(pd, rkey uint32, va, n uint64, write bool, fl paget
 // request is dropped (the retried packet faults again) and false is
 // returned.
 func (e *Engine) FaultAsync(pd, rkey uint32, va, n uint64, write bool) bool {
+	return e.FaultAsyncQP(pd, 0, rkey, va, n, write)
+}
+
+// FaultAsyncQP is FaultAsync for a request received by QP qpn (see
+// FaultRemoteQP).
+func (e *Engine) FaultAsyncQP(pd, qpn, rkey uint32, va, n uint64, write bool) bool {
 	select {
 	case e.asyncSem <- struct{}{}:
 	default:
@@ -312,7 +327,7 @@ func (e *Engine) FaultAsync(pd, rkey uint32, va, n uint64, write bool) bool {
 	}
 	go func() {
 		defer func() { <-e.asyncSem }()
-		e.faultRemote(pd, rkey, va, n, write, pagetable.FaultPopulate)
+		e.faultRemote(pd, qpn, rkey, va, n, write, pagetable.FaultPopulate)
 	}()
 	return true
 }
@@ -342,15 +357,69 @@ func (e *Engine) FaultCursorAsync(c *Cursor, pkt, n uint64, pd uint32) Status {
 // ResolvableRemote is Resolvable for the ODP MR named by rkey (an atomic's
 // word): false when the key, the range or the host mapping fails.
 func (e *Engine) ResolvableRemote(pd, rkey uint32, va, n uint64, write bool) bool {
-	ent, r := e.mrs.Acquire(pd, stag.STag(rkey), 0)
-	if r != stag.OK {
-		return false
+	return e.ResolvableRemoteQP(pd, 0, rkey, va, n, write)
+}
+
+// ResolvableRemoteQP is ResolvableRemote for a request received by QP qpn
+// (see FaultRemoteQP).
+func (e *Engine) ResolvableRemoteQP(pd, qpn, rkey uint32, va, n uint64, write bool) bool {
+	ent, suspended := e.remoteEntry(pd, qpn, rkey, va, n, write)
+	if ent == nil {
+		return suspended // the retry finds the suspension
 	}
 	defer ent.Release()
-	if ent.CheckRange(va, n) != stag.OK || ent.Value.odp == nil {
+	if ent.Value.odp == nil {
 		return false
 	}
 	return ent.Value.odp.t.Resolvable(va, n, write)
+}
+
+// remoteEntry resolves rkey for a fault of [va, va+n) (n > 0) by a remote
+// access that writes (an RDMA WRITE or an atomic) or reads, and returns
+// the entry of the MR it places into with a counted reference (Release
+// it), or nil: a remote access error, or (suspended) a memory window onto
+// an MR whose placement is suspended. An MR's own key is checked for the
+// rights and the range, not for a suspension; a memory window's key gets
+// the checks of an access through it (Open: the window's key, PD, rights,
+// state and range, and for a type 2 window that qpn is its QP) and
+// yields its MR's entry.
+func (e *Engine) remoteEntry(pd, qpn, rkey uint32, va, n uint64, write bool) (ent *stag.Entry[*MR], suspended bool) {
+	ent, r := e.mrs.Acquire(pd, stag.STag(rkey), 0)
+	if r == stag.OK {
+		need := stag.AccessRemoteRead
+		if write {
+			need = stag.AccessRemoteWrite
+		}
+		if ent.Target == nil && (ent.Access&need != 0 || write && ent.Access&stag.AccessRemoteAtomic != 0) &&
+			ent.CheckRange(va, n) == stag.OK {
+			return ent, false
+		}
+		ent.Release()
+		return nil, false
+	}
+	if r != stag.AccessDenied && r != stag.QPMismatch || n == 0 {
+		return nil, false
+	}
+	// Acquire refuses a window's key for an access without remote rights:
+	// make the checks of an access through it.
+	needs := [2]stag.Access{stag.AccessRemoteRead}
+	if write {
+		needs = [2]stag.Access{stag.AccessRemoteWrite, stag.AccessRemoteAtomic}
+	}
+	for _, need := range needs {
+		if need == 0 {
+			break
+		}
+		var sp stag.Span[*MR]
+		sp.QP = qpn
+		switch e.mrs.Open(&sp, pd, stag.STag(rkey), need, va, n) {
+		case stag.OK:
+			return sp.Entry, false // the Span's counted reference, released by the caller
+		case stag.Suspended:
+			return nil, true
+		}
+	}
+	return nil, false
 }
 
 // maxAsyncFaults bounds the background faults in flight.

@@ -110,42 +110,57 @@ func (e *Engine) HostAlloc(size int) (*hostmem.Buffer, error) {
 
 // MR is a registered memory region (ibv_mr).
 type MR struct {
-	key   stag.STag        // entry.STag, kept here: one dependent load less
-	entry *stag.Entry[*MR] // key table entry; its Value is this MR
-	table *pagetable.Table // translation of a pinned region
-	odp   *odpState        // translation of an ODP region (then table is nil)
-	buf   []byte           // the registered bytes, kept referenced
-	dead  atomic.Bool      // DeregMR has started
+	// key is entry's STag, kept here: one dependent load less. Both are
+	// atomics: a REG_MR (on the send worker) or ReregMR changes them while
+	// the application may read LKey, RKey, Addr... (ibv_mr's fields).
+	key   atomic.Uint32                   // stag.STag
+	entry atomic.Pointer[stag.Entry[*MR]] // key table entry; its Value is this MR
+	table *pagetable.Table                // translation of a pinned region
+	odp   *odpState                       // translation of an ODP region (then table is nil)
+	buf   []byte                          // the registered bytes, kept referenced
+	dead  atomic.Bool                     // DeregMR has started
 	eng   *Engine
 	adv   advertised // QPs the rkey was declared advertised to
 	life  mrLife     // FRWR state, windows bound (mw.go); guarded by eng.life.mu
 }
 
+// stag returns the MR's current key.
+func (m *MR) stag() stag.STag { return stag.STag(m.key.Load()) }
+
+// ent returns the MR's current key table entry.
+func (m *MR) ent() *stag.Entry[*MR] { return m.entry.Load() }
+
+// setEntry makes ent the MR's registration (entry and key).
+func (m *MR) setEntry(ent *stag.Entry[*MR]) {
+	m.entry.Store(ent)
+	m.key.Store(uint32(ent.STag))
+}
+
 // LKey returns the local key (ibv_mr.lkey).
-func (m *MR) LKey() uint32 { return uint32(m.key) }
+func (m *MR) LKey() uint32 { return m.key.Load() }
 
 // RKey returns the remote key (ibv_mr.rkey). It equals the local key, as on
 // mlx5; a region without remote rights fails every remote access on the
 // access check.
-func (m *MR) RKey() uint32 { return uint32(m.key) }
+func (m *MR) RKey() uint32 { return m.key.Load() }
 
 // Addr returns the region's I/O virtual address: the address of its first
 // byte (ibv_mr.addr).
-func (m *MR) Addr() uint64 { return m.entry.IOVA }
+func (m *MR) Addr() uint64 { return m.ent().IOVA }
 
 // Len returns the region's length in bytes (ibv_mr.length), at most
 // math.MaxInt (an implicit ODP MR's length is 2^64-1; see Length).
-func (m *MR) Len() int { return int(min(m.entry.Length, math.MaxInt)) }
+func (m *MR) Len() int { return int(min(m.ent().Length, math.MaxInt)) }
 
 // Length returns the region's length in bytes as ibv_mr.length holds it
 // (SIZE_MAX for an implicit ODP MR).
-func (m *MR) Length() uint64 { return m.entry.Length }
+func (m *MR) Length() uint64 { return m.ent().Length }
 
 // Access returns the rights the region was registered with.
-func (m *MR) Access() stag.Access { return m.entry.Access }
+func (m *MR) Access() stag.Access { return m.ent().Access }
 
 // PD returns the protection domain the region belongs to.
-func (m *MR) PD() uint32 { return m.entry.PD }
+func (m *MR) PD() uint32 { return m.ent().PD }
 
 // Bytes returns the registered memory (the application's view).
 func (m *MR) Bytes() []byte { return m.buf }
@@ -193,7 +208,7 @@ func (e *Engine) RegMR(pd uint32, buf []byte, access stag.Access) (*MR, error) {
 		_ = table.Release()
 		return nil, operr.Wrap("placement", "reg MR", err)
 	}
-	mr.entry, mr.key = ent, ent.STag
+	mr.setEntry(ent)
 	// A pinned region with contiguous frames (always, for a Go slice or a
 	// memfd buffer) is mapped linearly by its key, so that the data path
 	// translates without reading the table.
@@ -229,14 +244,14 @@ func (e *Engine) DeregMR(mr *MR) error {
 	if err := e.beginDereg(mr); err != nil {
 		return err
 	}
-	key := mr.entry.STag
+	key := mr.ent().STag
 	e.reg.remove(mr)
 	if err := e.mrs.Invalidate(key); err != nil {
 		panic("placement: the key of a live MR is missing: " + err.Error())
 	}
 	// Readers first (a grace period), then the counted references.
 	e.mrs.Synchronize()
-	mr.entry.Drain()
+	mr.ent().Drain()
 	if err := e.mrs.Free(key); err != nil {
 		panic("placement: the key of a live MR is missing: " + err.Error())
 	}

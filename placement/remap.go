@@ -118,15 +118,15 @@ func (e *Engine) prepareRemap(r *Remapping) (*Remapping, error) {
 	switch {
 	case mr.odp != nil && !mr.odp.t.Implicit():
 		t := mr.odp.t
-		first := mr.entry.IOVA &^ (pagetable.PageSize - 1)
-		n := int((mr.entry.IOVA + mr.entry.Length - first + pagetable.PageSize - 1) >> pagetable.PageShift)
+		first := mr.ent().IOVA &^ (pagetable.PageSize - 1)
+		n := int((mr.ent().IOVA + mr.ent().Length - first + pagetable.PageSize - 1) >> pagetable.PageShift)
 		t.StartTracking()
 		if r.m, err = e.asSet.Load().PrepareMigrate(first, n); err != nil {
 			t.StopTracking()
 			return nil, operr.Wrap("placement", "remap", err)
 		}
 	case mr.table != nil && mr.table.FramePin() != nil:
-		if err := e.mrs.ClearLinear(mr.key); err != nil {
+		if err := e.mrs.ClearLinear(mr.stag()); err != nil {
 			return nil, fmt.Errorf("placement: remap: %w: %w", err, ErrInvalid)
 		}
 		// Tracking starts before the wait, not after it: a copy that
@@ -136,7 +136,7 @@ func (e *Engine) prepareRemap(r *Remapping) (*Remapping, error) {
 		// A copy that starts after the wait sets its bits.
 		mr.table.StartTracking()
 		e.mrs.Synchronize()
-		mr.entry.Drain()
+		mr.ent().Drain()
 		if testHookRemapDrained != nil {
 			testHookRemapDrained(mr)
 		}
@@ -198,7 +198,7 @@ func (r *Remapping) restoreLinear() {
 	t := r.mr.table
 	t.StopTracking()
 	if flat, writable := t.Linear(); flat != nil {
-		_ = r.e.mrs.SetLinear(r.mr.key, &flat[0], writable)
+		_ = r.e.mrs.SetLinear(r.mr.stag(), &flat[0], writable)
 	}
 }
 
@@ -306,7 +306,7 @@ func (r *Remapping) switchView() error {
 		// Release gives the new frames back).
 		mr.table.StopTracking()
 		r.e.mrs.Synchronize()
-		mr.entry.Drain()
+		mr.ent().Drain()
 		r.restoreLinear()
 		return operr.Wrap("placement", "remap", err)
 	}
@@ -316,9 +316,9 @@ func (r *Remapping) switchView() error {
 	// Copies that loaded the mirror before the switch may still write the
 	// old frames: wait for them before Release gives those back.
 	r.e.mrs.Synchronize()
-	mr.entry.Drain()
+	mr.ent().Drain()
 	if flat, writable := mr.table.Linear(); flat != nil {
-		if err := r.e.mrs.SetLinear(mr.key, &flat[0], writable); err != nil {
+		if err := r.e.mrs.SetLinear(mr.stag(), &flat[0], writable); err != nil {
 			return operr.Wrap("placement", "remap", err)
 		}
 	}

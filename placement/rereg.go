@@ -111,7 +111,7 @@ func (e *Engine) ReregMR(mr *MR, flags ReregFlags, pd uint32, buf []byte, access
 	// Mark the MR busy: invalidations, binds, suspensions by this package
 	// and a second ReregMR refuse or wait meanwhile.
 	e.life.mu.Lock()
-	old := mr.entry
+	old := mr.ent()
 	switch {
 	case mr.dead.Load():
 		e.life.mu.Unlock()
@@ -125,7 +125,7 @@ func (e *Engine) ReregMR(mr *MR, flags ReregFlags, pd uint32, buf []byte, access
 	case mr.life.windows > 0:
 		e.life.mu.Unlock()
 		return input(ErrMWBound)
-	case mr.life.busy != nil || mr.life.remap != nil || e.mrs.Suspended(mr.key):
+	case mr.life.busy != nil || mr.life.remap != nil || e.mrs.Suspended(mr.stag()):
 		e.life.mu.Unlock()
 		return input(ErrBusy)
 	}
@@ -165,9 +165,11 @@ func (e *Engine) ReregMR(mr *MR, flags ReregFlags, pd uint32, buf []byte, access
 		panic("placement: a checked re-registration failed: " + err.Error())
 	}
 	oldTable, oldODP := mr.table, mr.odp
-	e.reg.mu.Lock() // MRsCovering reads entry under it
-	mr.entry, mr.key = ent, ent.STag
+	e.life.mu.Lock() // SuspendMR and ResumeMR read the key under it
+	e.reg.mu.Lock()  // MRsCovering reads entry under it
+	mr.setEntry(ent)
 	e.reg.mu.Unlock()
+	e.life.mu.Unlock()
 	if nr.changed {
 		mr.table, mr.odp, mr.buf = nr.table, nr.odp, nr.buf
 	}
@@ -210,7 +212,7 @@ type translation struct {
 // memory, or the same memory pinned again when LOCAL_WRITE changes (a
 // pinned table is built writable or not), else the MR's own.
 func (e *Engine) newTranslation(mr *MR, flags ReregFlags, buf []byte, access stag.Access) (translation, error) {
-	old := mr.entry
+	old := mr.ent()
 	nr := translation{iova: old.IOVA, length: old.Length}
 	if err := checkAccess(false, access); err != nil {
 		return nr, err

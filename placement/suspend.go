@@ -57,17 +57,36 @@ var Scopes = []Scope{ScopeMR, ScopeQPAllowed, ScopePD, ScopeDevice}
 // into it; reads go on) and waits until the placements already past the
 // check have finished: a grace period of the readers (the receive loops)
 // and the drain of the counted references. Afterwards no byte is written
-// into mr until ResumeMR. Errors: a deregistered MR, an MR already
-// suspended (EINVAL).
+// into mr until ResumeMR. A re-registration or invalidation of mr in
+// progress is waited for first; the suspension outlives later ones (the
+// key changes, the suspension stays). Errors: a deregistered MR, an MR
+// already suspended, an invalid (invalidated FRWR) MR (EINVAL).
 func (e *Engine) SuspendMR(mr *MR) error {
-	if mr == nil || mr.eng != e || mr.dead.Load() {
+	if mr == nil || mr.eng != e {
 		return fmt.Errorf("placement: suspend: not a live MR of this device: %w", ErrInvalid)
 	}
-	if err := e.mrs.Suspend(mr.key); err != nil {
-		return fmt.Errorf("placement: suspend MR %v: already suspended, or not valid (%v): %w", mr.key, err, ErrInvalid)
+	// A re-registration or invalidation in progress changes the MR's key
+	// and entry: wait for it, and read them under the lock it changes
+	// them under.
+	e.life.mu.Lock()
+	for mr.life.busy != nil {
+		b := mr.life.busy
+		e.life.mu.Unlock()
+		<-b
+		e.life.mu.Lock()
+	}
+	if mr.dead.Load() {
+		e.life.mu.Unlock()
+		return fmt.Errorf("placement: suspend: not a live MR of this device: %w", ErrInvalid)
+	}
+	key, ent := mr.stag(), mr.ent()
+	err := e.mrs.Suspend(key)
+	e.life.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("placement: suspend MR %v: already suspended, or not valid (%v): %w", key, err, ErrInvalid)
 	}
 	e.mrs.Synchronize()
-	mr.entry.Drain()
+	ent.Drain()
 	return nil
 }
 
@@ -77,8 +96,12 @@ func (e *Engine) ResumeMR(mr *MR) error {
 	if mr == nil || mr.eng != e {
 		return fmt.Errorf("placement: resume: not an MR of this device: %w", ErrInvalid)
 	}
-	if err := e.mrs.Resume(mr.key); err != nil {
-		return fmt.Errorf("placement: resume %v: %w: %w", mr.key, err, ErrInvalid)
+	e.life.mu.Lock() // the key may have changed (REG_MR of an FRWR MR)
+	key := mr.stag()
+	err := e.mrs.Resume(key)
+	e.life.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("placement: resume %v: %w: %w", key, err, ErrInvalid)
 	}
 	return nil
 }
@@ -158,7 +181,7 @@ func (e *Engine) MRsCovering(addr, n uint64) []*MR {
 		if m.Implicit() || m.dead.Load() {
 			continue
 		}
-		if m.entry.CheckRange(addr, n) == 0 {
+		if m.ent().CheckRange(addr, n) == 0 {
 			out = append(out, m)
 		}
 	}

@@ -579,6 +579,27 @@ func (sp *Span[V]) RefreshReason() Reason {
 	return OK
 }
 
+// Hold takes a counted reference on the Span's entry for work its holder
+// does with the entry's translation while its reader is quiescent (a page
+// fault between two packets, which must not hold up a grace period): it
+// reports false, taking nothing, when the entry is no longer the valid
+// entry of its slot. Release the reference with Entry.Release. The count
+// is raised before the slot is read, so an invalidation racing Hold either
+// is seen here or waits (Drain) until the reference is released: the
+// registration cannot change under the holder. A Span that is not bound to
+// a Reader holds a reference already; Hold takes another.
+func (sp *Span[V]) Hold() bool {
+	e := sp.Entry
+	e.refs.Add(1)
+	var sn snapshot[V]
+	sp.slot.read(&sn)
+	if sn.entry == e && sn.ctl&ctlValid != 0 {
+		return true
+	}
+	e.Release()
+	return false
+}
+
 // Close drops the reference, if any, and makes the Span hold nothing (IOVA
 // keeps its last value).
 func (sp *Span[V]) Close() {

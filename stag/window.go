@@ -34,7 +34,8 @@ import (
 // caller installs a linear mapping if any and validates it. The old entry
 // must not be valid (Invalidate it and wait for its users first): it
 // becomes Free, so holders of the old *Entry fail their state check and
-// Spans on it fail Refresh. A key byte equal to the old one is allowed (the
+// Spans on it fail Refresh. A suspension (Suspend) carries over to the new
+// entry. A key byte equal to the old one is allowed (the
 // old key then names the new registration, as on hardware).
 //
 // target, when not nil, makes the new entry a memory window bound to that
@@ -54,13 +55,17 @@ func (t *Table[V]) Rekey(old, key STag, pd uint32, iova, length uint64, access A
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	e, _, err := t.entry(old)
+	e, s, err := t.entry(old)
 	if err != nil {
 		return nil, err
 	}
 	if e.State() == StateValid {
 		return nil, ErrState
 	}
+	// A suspension of the index outlives the registration (SuspendMR
+	// promises that nothing is written until ResumeMR, and ResumeMR names
+	// the MR, whatever key it has by then).
+	suspended := s.ctl.Load() & ctlSuspended
 	e.state.Store(uint32(StateFree))
 	n := &Entry[V]{
 		STag:   key,
@@ -73,6 +78,9 @@ func (t *Table[V]) Rekey(old, key STag, pd uint32, iova, length uint64, access A
 		QP:     qp,
 	}
 	t.publish(n)
+	if suspended != 0 {
+		s.setFlags(s.ctl.Load()&ctlFlagsMask | suspended)
+	}
 	t.mu.keys[key.Index()] = key.Key()
 	return n, nil
 }

@@ -2,6 +2,7 @@ package transport
 
 import (
 	"fmt"
+	"syscall"
 
 	"github.com/softrdma/softrdma/placement"
 	"github.com/softrdma/softrdma/stag"
@@ -30,6 +31,9 @@ type MWBind struct {
 	MW   *placement.MW
 	RKey uint32             // the window's new rkey: the same index, a new key byte (IncRKey)
 	Info placement.BindInfo // the MR, the window's range and rights
+	// verb: posted by QP.BindMW (ibv_bind_mw), the only way to bind a
+	// type 1 window.
+	verb bool
 }
 
 // localState is a local operation WQE's progress.
@@ -64,6 +68,13 @@ func checkLocalWR(wr *SendWR) error {
 		return fmt.Errorf("%w: REG_MR without an MR", ErrBadOpcode)
 	case wr.Opcode == WRBindMW && wr.BindMW.MW == nil:
 		return fmt.Errorf("%w: BIND_MW without a window", ErrBadOpcode)
+	case wr.Opcode == WRBindMW && wr.BindMW.MW.Type() == placement.MWType1 && !wr.BindMW.verb:
+		// libibverbs: a type 1 window is bound with ibv_bind_mw, a type
+		// 2 one with IBV_WR_BIND_MW (mlx5, ionic: EINVAL). A BIND_MW
+		// posted for a type 1 window would also bypass MW.NextRKey, so
+		// that the next QP.BindMW could reuse the key of the binding it
+		// made (a stale rkey would then reach the new binding).
+		return fmt.Errorf("%w: a type 1 window is bound with QP.BindMW (ibv_bind_mw)", ErrBadOpcode)
 	}
 	return nil
 }
@@ -218,15 +229,28 @@ func (qp *QP) invalidateIETH(p *wire.Packet, path *path, b *txBatch) bool {
 // (WCBindMW) is generated if flags has SendSignaled (or the QP signals
 // all); a bind that fails completes with WCMWBindErr and moves the QP to
 // ERR. A type 2 window is bound with a BIND_MW work request posted with
-// PostSend. Errors: a nil or type 2 window (ErrBadOpcode), and those of
-// PostSend.
+// PostSend. Errors, with nothing posted: a nil or type 2 window
+// (ErrBadOpcode); an MR of another PD than the window's (EPERM), a
+// zero-based window, an address or length without an MR (EINVAL), as
+// rdma-core's rxe provider checks them; and those of PostSend.
 func (qp *QP) BindMW(mw *placement.MW, wrid uint64, flags SendFlags, info placement.BindInfo) (uint32, error) {
 	if mw == nil || mw.Type() != placement.MWType1 {
 		return 0, fmt.Errorf("%w: ibv_bind_mw binds type 1 windows (post BIND_MW for type 2)", ErrBadOpcode)
 	}
+	// What rdma-core's rxe provider checks when it posts (nothing is
+	// posted, the QP stays usable); the rest is checked when the bind
+	// executes.
+	switch {
+	case info.MR == nil && (info.Addr != 0 || info.Length != 0):
+		return 0, fmt.Errorf("transport: bind MW: an address or length without an MR: %w", syscall.EINVAL)
+	case info.Access&stag.AccessZeroBased != 0:
+		return 0, fmt.Errorf("transport: bind MW: a zero-based type 1 window: %w", syscall.EINVAL)
+	case info.MR != nil && info.MR.PD() != mw.PD():
+		return 0, fmt.Errorf("transport: bind MW: the MR's PD is not the window's: %w", syscall.EPERM)
+	}
 	rkey := mw.NextRKey()
 	_, err := qp.PostSend(SendWR{WRID: wrid, Opcode: WRBindMW, Flags: flags,
-		BindMW: MWBind{MW: mw, RKey: rkey, Info: info}})
+		BindMW: MWBind{MW: mw, RKey: rkey, Info: info, verb: true}})
 	if err != nil {
 		return 0, err
 	}

@@ -436,9 +436,9 @@ func (qp *QP) execAtomic(p *wire.Packet, path *path, b *txBatch) {
 	orig, st := qp.dev.place.AtomicQP(qp.pd, uint32(qp.qpn), a.RKey(), a.VA(), op, a.SwapAdd(), a.Compare())
 	if st == placement.WouldFault {
 		if qp.dev.policy == FaultRNR {
-			if qp.dev.place.ResolvableRemote(qp.pd, a.RKey(), a.VA(), 8, true) {
+			if qp.dev.place.ResolvableRemoteQP(qp.pd, uint32(qp.qpn), a.RKey(), a.VA(), 8, true) {
 				qp.odpRNR(b, path, p.PSN())
-				qp.dev.place.FaultAsync(qp.pd, a.RKey(), a.VA(), 8, true)
+				qp.dev.place.FaultAsyncQP(qp.pd, uint32(qp.qpn), a.RKey(), a.VA(), 8, true)
 				return
 			}
 			qp.dev.counters.ODPFaultErrs.Add(1)
@@ -452,7 +452,7 @@ func (qp *QP) execAtomic(p *wire.Packet, path *path, b *txBatch) {
 			}
 			qp.dev.counters.ODPSyncFaults.Add(1)
 			qp.dev.reader.Quiesce()
-			if st = qp.dev.place.FaultRemote(qp.pd, a.RKey(), a.VA(), 8, true); st == placement.OK {
+			if st = qp.dev.place.FaultRemoteQP(qp.pd, uint32(qp.qpn), a.RKey(), a.VA(), 8, true); st == placement.OK {
 				orig, st = qp.dev.place.AtomicQP(qp.pd, uint32(qp.qpn), a.RKey(), a.VA(), op, a.SwapAdd(), a.Compare())
 			} else {
 				qp.dev.counters.ODPFaultErrs.Add(1)
