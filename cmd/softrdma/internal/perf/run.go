@@ -370,7 +370,28 @@ func (s *session) clientHello(ctx context.Context) error {
 	if r.FileSize >= 0 {
 		s.fileSize = r.FileSize
 	}
+	s.noteFileIgnores()
 	return s.openOut()
+}
+
+// noteFileIgnores tells a client that moves a file (its own --file, or
+// the server's with read-bw) that its -D and -n do not apply: the file's
+// size decides the messages.
+func (s *session) noteFileIgnores() {
+	if s.fileSize < 0 {
+		return
+	}
+	var flags []string
+	if s.o.Params.Duration != 0 {
+		flags = append(flags, fmt.Sprintf("-D %v", s.o.Params.Duration))
+	}
+	if s.o.Params.Iters != 0 {
+		flags = append(flags, fmt.Sprintf("-n %d", s.o.Params.Iters))
+	}
+	if len(flags) > 0 {
+		s.logf("softrdma: %s ignored: a --file run moves the whole file, %d messages of -s %d bytes",
+			strings.Join(flags, " and "), chunks(s.fileSize, s.p.Size), s.p.Size)
+	}
 }
 
 // openOut creates --out when this side receives a file.
@@ -526,7 +547,7 @@ func (s *session) serverHello(ctx context.Context) error {
 	r := reply{FileSize: -1, MTU: s.p.MTU}
 	if s.file != nil {
 		if s.p.QPs != 1 {
-			return fmt.Errorf("%s --file streams over one QP; the client asked for %d", s.test, s.p.QPs)
+			return fmt.Errorf("--file streams over one QP (-q 1); the client asked for -q %d", s.p.QPs)
 		}
 		r.FileSize = s.fileSize
 	} else {
@@ -597,7 +618,7 @@ func (s *session) run(ctx context.Context) error {
 	if s.p.Verify {
 		s.json.Verified = true
 		if text {
-			fmt.Fprintf(w, " Verify          : every byte matched (pattern seed %#x)\n", s.p.Seed)
+			fmt.Fprintf(w, " Verify          : %s\n", s.verified())
 		}
 	}
 	if s.fileSize >= 0 {
@@ -607,6 +628,22 @@ func (s *session) run(ctx context.Context) error {
 		s.printODP(w, s.odpReport())
 	}
 	return nil
+}
+
+// verified says what --verify checked, once every check passed.
+func (s *session) verified() string {
+	if s.test == AtomicBW {
+		// No bytes are compared: each QP's counter is a chain (the
+		// client checks each atomic's fetched value, the server the
+		// counters' final values).
+		op := "FETCH_AND_ADD(1)"
+		if s.p.Atomic == CmpAndSwap {
+			op = "CMP_AND_SWAP(n, n+1)"
+		}
+		return fmt.Sprintf("every counter chain held (the n-th %s of each QP fetched n, "+
+			"and each QP's counter ended at the count of its atomics)", op)
+	}
+	return fmt.Sprintf("every byte matched (pattern seed %#x)", s.p.Seed)
 }
 
 // prepare readies the buffer before a round's start barrier.

@@ -1,0 +1,76 @@
+package perf
+
+import (
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// logRecorder collects what a side logs (its stderr) and passes it on to
+// the test's log.
+type logRecorder struct {
+	t     *testing.T
+	mu    sync.Mutex
+	lines []string
+}
+
+func (l *logRecorder) logf(format string, args ...any) {
+	l.t.Helper()
+	l.mu.Lock()
+	l.lines = append(l.lines, fmt.Sprintf(format, args...))
+	l.mu.Unlock()
+	l.t.Logf(format, args...)
+}
+
+func (l *logRecorder) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Join(l.lines, "\n")
+}
+
+// TestServerRefusalNamesNoTool: the CLI prints the tool's name before an
+// error ("softrdma: read-bw: ..."), so the server's refusal of a client's
+// parameters does not name it again.
+func TestServerRefusalNamesNoTool(t *testing.T) {
+	in, _ := writeTestFile(t, 10_000)
+	r := runPair(t, ReadBW, Options{File: in}, Options{Params: Params{QPs: 2}})
+	require.Error(t, r.srvErr)
+	assert.EqualError(t, r.srvErr, "--file streams over one QP (-q 1); the client asked for -q 2")
+	require.Error(t, r.cliErr)
+	assert.Contains(t, r.cliErr.Error(), "peer: --file streams over one QP")
+}
+
+// TestFileRunSaysDurationAndItersAreIgnored: a --file run moves the whole
+// file whatever -D and -n say (documented); the client says so on stderr,
+// once, instead of ignoring them silently; without them it says nothing.
+func TestFileRunSaysDurationAndItersAreIgnored(t *testing.T) {
+	in, _ := writeTestFile(t, 20_000)
+	for _, tc := range []struct {
+		name string
+		p    Params
+		want string
+	}{
+		{"both", Params{Size: 4096, Iters: 7, Duration: 2 * time.Second},
+			"softrdma: -D 2s and -n 7 ignored: a --file run moves the whole file, 5 messages of -s 4096 bytes"},
+		{"iters", Params{Size: 4096, Iters: 7}, "softrdma: -n 7 ignored: a --file run moves the whole file, 5 messages of -s 4096 bytes"},
+		{"neither", Params{Size: 4096}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			log := &logRecorder{t: t}
+			r := runPair(t, WriteBW, Options{}, Options{File: in, Params: tc.p, Logf: log.logf})
+			requireOK(t, r)
+			assert.Equal(t, int64(5), r.cli.Report.BW[0].Iterations, "the whole file moved")
+			if tc.want == "" {
+				assert.NotContains(t, log.String(), "ignored")
+				return
+			}
+			assert.Equal(t, 1, strings.Count(log.String(), "ignored"), log.String())
+			assert.Contains(t, log.String(), tc.want)
+		})
+	}
+}
