@@ -35,11 +35,31 @@ type pairRun struct {
 // up is its readiness), both devices bind 127.0.0.1 on ephemeral ports.
 func runPair(t *testing.T, test Test, srv, cli Options) pairRun {
 	t.Helper()
+	return runPairWith(t, test, srv, cli, pairOpts{})
+}
+
+// pairOpts changes runPair's defaults.
+type pairOpts struct {
+	timeout time.Duration // of the whole run; 2 minutes if 0
+	// via, if set, returns the loopback port the client dials instead of
+	// the server's (a proxy to addr).
+	via func(addr string) int
+}
+
+// runPairWith is runPair with options.
+func runPairWith(t *testing.T, test Test, srv, cli Options, po pairOpts) pairRun {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	srv.Test, cli.Test = test, test
 	srv.Listener = ln
 	cli.Server, cli.Port = "127.0.0.1", ln.Addr().(*net.TCPAddr).Port
+	if po.via != nil {
+		cli.Port = po.via(ln.Addr().String())
+	}
+	if po.timeout == 0 {
+		po.timeout = 2 * time.Minute
+	}
 	for _, o := range []*Options{&srv, &cli} {
 		if o.Bind == "" {
 			o.Bind = "127.0.0.1:0"
@@ -50,7 +70,7 @@ func runPair(t *testing.T, test Test, srv, cli Options) pairRun {
 	}
 	var sout, cout bytes.Buffer
 	srv.Stdout, cli.Stdout = &sout, &cout
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), po.timeout)
 	defer cancel()
 	var r pairRun
 	var wg sync.WaitGroup

@@ -145,16 +145,18 @@ type peerMsg struct {
 	err error
 }
 
-// peerResult waits for the peer's result of a round. It waits as long as
-// it takes (as perftest, until TCP gives up) unless this side failed or
-// runs for a duration (-D): then at most drainLimit, so that a peer whose
-// host or path died while the TCP connection stays open does not keep the
-// run going; waited is false when that limit passed.
-func (s *session) peerResult(peerc <-chan peerMsg, runErr error) (pm peerMsg, waited bool) {
-	if runErr == nil && s.p.Duration <= 0 {
+// peerResult waits for the peer's result of a round, after this side's
+// run. It waits as long as it takes (as perftest, until TCP gives up)
+// when this side's -n run succeeded: its peer's run is then over or
+// about to be (a passive peer waits for this side's result). Otherwise at
+// most limit (resultWait), so that a peer whose host or path died while
+// the TCP connection stays open does not keep the run going; waited is
+// false when that limit passed.
+func (s *session) peerResult(peerc <-chan peerMsg, limit time.Duration) (pm peerMsg, waited bool) {
+	if limit < 0 {
 		return <-peerc, true
 	}
-	t := time.NewTimer(drainLimit(s.p.Duration))
+	t := time.NewTimer(limit)
 	defer t.Stop()
 	select {
 	case pm = <-peerc:
@@ -162,6 +164,62 @@ func (s *session) peerResult(peerc <-chan peerMsg, runErr error) (pm peerMsg, wa
 	case <-t.C:
 		return peerMsg{}, false
 	}
+}
+
+// peerGrace is how long a side whose own idle watch (--idle-timeout)
+// ended its run still waits for the peer's result, for the peer's side of
+// the story: a peer whose exchange still works sends it at once (its own
+// watch fired too, or it learns of this side's failure); a dead link
+// would otherwise add drainLimit to a limit that said 10s. A variable
+// for the tests.
+var peerGrace = time.Second
+
+// resultWait is the limit of peerResult after this side's run ended with
+// runErr: none (-1) for a -n run that succeeded; peerGrace after this
+// side's idle watch fired; nothing more (0) when the wait for the
+// result is what failed (the -D bound of resultBound); else drainLimit,
+// the time -D gives the peer's result (docs/cli.md).
+func (s *session) resultWait(runErr error, idleFired bool) time.Duration {
+	var nr *noResultError
+	switch {
+	case runErr == nil && s.p.Duration <= 0:
+		return -1
+	case errors.As(runErr, &nr):
+		return 0
+	case idleFired:
+		return min(peerGrace, drainLimit(s.p.Duration))
+	}
+	return drainLimit(s.p.Duration)
+}
+
+// resultBound returns ctx limited, in a -D run, to the time this side
+// may wait for the end of the peer's run: the duration, then drainLimit
+// for the peer's work requests still outstanding and as long again for
+// its result to arrive over the exchange (docs/cli.md, -D). A side that
+// only serves (write-bw, read-bw, atomic-bw, read-lat), the send-bw
+// receiver and a stream's sink end their run on the peer's result or its
+// last message, and a link that died takes the exchange's TCP connection
+// with it: without this, they waited for TCP to give up (about 150 s).
+// The sides that post the work are bounded sooner (session.bounded).
+func (s *session) resultBound(ctx context.Context) (context.Context, context.CancelFunc) {
+	if s.p.Duration <= 0 {
+		return ctx, func() {}
+	}
+	limit := s.p.Duration + 2*drainLimit(s.p.Duration)
+	return context.WithTimeoutCause(ctx, limit, &noResultError{d: s.p.Duration, limit: limit, drain: drainLimit(s.p.Duration)})
+}
+
+// noResultError is the expiry of resultBound: the peer's -D run did not
+// end in the time it had.
+type noResultError struct {
+	d, limit, drain time.Duration
+}
+
+func (e *noResultError) Error() string {
+	return fmt.Sprintf("-D %v: the peer's run did not end and no result came from it within %v "+
+		"(the duration, %v for its work requests still outstanding, and %v for its result): "+
+		"the peer or the path to it is probably dead (a link that died takes the exchange's TCP connection with it)",
+		e.d, e.limit, e.drain, e.drain)
 }
 
 // checkBindable tells a server with --bind IP[:PORT] at once, before it
@@ -709,12 +767,15 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 	// has no completions, learns of it from the active side's result,
 	// except with -R, where that result takes the dead path too: there it
 	// watches the packets it receives.
-	ictx, idle := rctx, (*idlewatch.Watch)(nil)
-	switch {
-	case !s.passive():
-		ictx, idle = s.watchIdle(rctx)
-	case s.ch != nil:
-		ictx, idle = s.watchPassive(rctx)
+	// A -D run is bounded instead: the side posting the work by its
+	// drain limit (session.bounded), the other by resultBound.
+	bctx, bcancel := s.resultBound(rctx)
+	defer bcancel()
+	ictx, idle := bctx, (*idlewatch.Watch)(nil)
+	if s.passive() {
+		ictx, idle = s.watchPassive(bctx)
+	} else {
+		ictx, idle = s.watchIdle(bctx)
 	}
 	s.idle = idle
 	if testHookRunSide != nil {
@@ -723,11 +784,14 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 	mine, runErr := s.runSide(ictx, size, targetFn, known)
 	idle.Stop()
 	s.idle = nil
+	var nr *noResultError
 	switch {
 	case runErr != nil && idle.Expired() && s.passive():
 		runErr = s.passiveIdleErr(idle)
 	case runErr != nil && idle.Expired():
 		runErr = s.idleErr(idle, s.asked(size))
+	case runErr != nil && rctx.Err() == nil && errors.As(context.Cause(bctx), &nr):
+		runErr = nr
 	}
 	if runErr != nil {
 		mine.Err = runErr.Error()
@@ -740,7 +804,7 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 		// own result will not cross the dead path either.
 		return mine, peer, cmp.Or(runErr, sendErr)
 	}
-	pm, waited := s.peerResult(peerc, runErr)
+	pm, waited := s.peerResult(peerc, s.resultWait(runErr, idle.Expired()))
 	if !waited {
 		if runErr != nil {
 			return mine, peer, runErr
@@ -824,7 +888,12 @@ func (s *session) runSide(ctx context.Context, size int64, target func() (int64,
 		case <-known:
 			return nil
 		case <-ctx.Done():
-			return ctx.Err()
+			select {
+			case <-known: // the result came as the watch or bound expired
+				return nil
+			default:
+				return ctx.Err()
+			}
 		}
 	}
 	sourceIsServer := s.test.fileFromServer()
