@@ -114,9 +114,6 @@ func Run(ctx context.Context, o *Options) (*Result, error) {
 			err = s.runClient(ctx)
 		}
 	}
-	if err != nil {
-		s.json.Error = err.Error()
-	}
 	if s.dev != nil {
 		s.json.ODP = s.odpReport()
 		// The counters are read once the device is closed: the ACKs of
@@ -129,6 +126,18 @@ func Run(ctx context.Context, o *Options) (*Result, error) {
 		if o.Stat && !o.JSON {
 			s.printStat(o.Stdout, peer)
 		}
+	}
+	s.close()
+	// A capture the user asked for that could not be written (a full
+	// disk, /dev/full) fails a run that otherwise passed; after a
+	// failure it is said on stderr.
+	if s.tapErr != nil && err == nil {
+		err = s.tapErr
+	} else if s.tapErr != nil {
+		s.logf("softrdma: %v", s.tapErr)
+	}
+	if err != nil {
+		s.json.Error = err.Error()
 	}
 	s.json.PeerODP = s.peerODP
 	if o.JSON {

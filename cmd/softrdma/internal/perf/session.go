@@ -56,6 +56,7 @@ type session struct {
 	dev    *softrdma.Device
 	ownDev bool
 	tap    *pcaptap.Writer
+	tapErr error // why the --pcap capture could not be written (close)
 	pd     *softrdma.PD
 	mem    []byte // the registered buffer: QPs regions of stride bytes
 	stride int    // bytes per QP region
@@ -332,7 +333,7 @@ func (s *session) close() {
 	}
 	if s.tap != nil {
 		if err := s.tap.Close(); err != nil {
-			s.logf("softrdma: --pcap: %v", err)
+			s.tapErr = fmt.Errorf("--pcap: %w", err)
 		}
 	}
 	if s.file != nil {

@@ -2,6 +2,7 @@ package perf
 
 import (
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -73,4 +74,20 @@ func TestFileRunSaysDurationAndItersAreIgnored(t *testing.T) {
 			assert.Contains(t, log.String(), tc.want)
 		})
 	}
+}
+
+// TestPcapWriteFailureFailsTheRun: a --pcap capture that could not be
+// written (/dev/full: no space left on device) fails a run that otherwise
+// passed (exit 1 in the CLI), with the reason, instead of a line on
+// stderr and exit 0.
+func TestPcapWriteFailureFailsTheRun(t *testing.T) {
+	if _, err := os.Stat("/dev/full"); err != nil {
+		t.Skip("needs /dev/full")
+	}
+	r := runPair(t, WriteBW, Options{Pcap: "/dev/full", JSON: true}, Options{Params: Params{Iters: 20}})
+	require.NoError(t, r.cliErr)
+	require.Error(t, r.srvErr)
+	assert.Regexp(t, `^--pcap: .*/dev/full: no space left on device$`, r.srvErr.Error())
+	assert.Equal(t, r.srvErr.Error(), r.srv.Report.Error, "the JSON says it too")
+	assert.Contains(t, r.srvOut, `"error": "--pcap:`)
 }
