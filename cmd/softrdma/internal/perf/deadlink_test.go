@@ -145,3 +145,18 @@ func TestDeadLinkBoundsBothSides(t *testing.T) {
 		})
 	}
 }
+
+// TestPassiveServerLetsTheClientExplain: when only the data path died
+// (--impair loss=1; the exchange works), the passive server's watch of
+// the packets it receives fires about when the client's watch of its
+// completions does, here first (a shorter --idle-timeout); it then waits
+// for the client's result, which says more, instead of failing first and
+// ending the client's run with its own story.
+func TestPassiveServerLetsTheClientExplain(t *testing.T) {
+	r := runPair(t, WriteBW, Options{IdleTimeout: 200 * time.Millisecond},
+		Options{Params: Params{Size: 4096, Iters: 50}, Impair: "loss=1", IdleTimeout: 600 * time.Millisecond})
+	require.Error(t, r.cliErr)
+	assert.Regexp(t, `^no completion for 600ms \(--idle-timeout\) after 0 of 50 iterations`, r.cliErr.Error())
+	require.Error(t, r.srvErr)
+	assert.Regexp(t, `^peer: no completion for 600ms \(--idle-timeout\)`, r.srvErr.Error())
+}

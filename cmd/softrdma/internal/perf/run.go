@@ -165,6 +165,11 @@ func (s *session) peerResult(peerc <-chan peerMsg, limit time.Duration) (pm peer
 	if limit < 0 {
 		return <-peerc, true
 	}
+	select {
+	case pm = <-peerc: // already there: a limit of 0 must not lose it to the timer
+		return pm, true
+	default:
+	}
 	t := time.NewTimer(limit)
 	defer t.Stop()
 	select {
@@ -195,6 +200,8 @@ func (s *session) resultWait(runErr error, idleFired bool) time.Duration {
 		return -1
 	case errors.As(runErr, &nr):
 		return 0
+	case idleFired && s.passive() && s.resultCanCome():
+		return 0 // runSide's passive wait gave it peerGrace already
 	case idleFired:
 		return min(peerGrace, drainLimit(s.p.Duration))
 	}
@@ -739,6 +746,8 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	peerc := make(chan peerMsg, 1)
+	spoke := make(chan struct{})
+	s.peerSpoke = spoke
 	var target atomic.Int64
 	known := make(chan struct{})
 	go func() {
@@ -761,6 +770,7 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 		// drainLimit, and its own failure is the one reported, the
 		// peer's mentioned after it, whichever side's bound expired
 		// first.
+		close(spoke)
 		peerc <- peerMsg{r, err}
 	}()
 	targetFn := func() (int64, bool) {
@@ -796,7 +806,9 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 	var nr *noResultError
 	switch {
 	case runErr != nil && idle.Expired() && s.passive():
-		runErr = s.passiveIdleErr(idle)
+		if !closed(spoke) { // (a peer that spoke explains the run's end itself)
+			runErr = s.passiveIdleErr(idle)
+		}
 	case runErr != nil && idle.Expired():
 		runErr = s.idleErr(idle, s.asked(size))
 	case runErr != nil && rctx.Err() == nil && errors.As(context.Cause(bctx), &nr):
@@ -897,13 +909,26 @@ func (s *session) runSide(ctx context.Context, size int64, target func() (int64,
 		case <-known:
 			return nil
 		case <-ctx.Done():
+		}
+		select {
+		case <-known: // the result came as the watch or bound expired
+			return nil
+		default:
+		}
+		if s.idle.Expired() && s.resultCanCome() {
+			// The active peer's watch fires about when this one does
+			// (no packets, no completions): give its result, which
+			// says more, the time to arrive before failing on its own.
+			t := time.NewTimer(peerGrace)
+			defer t.Stop()
 			select {
-			case <-known: // the result came as the watch or bound expired
+			case <-known:
 				return nil
-			default:
-				return ctx.Err()
+			case <-s.peerSpoke:
+			case <-t.C:
 			}
 		}
+		return ctx.Err()
 	}
 	sourceIsServer := s.test.fileFromServer()
 	switch {
@@ -990,6 +1015,21 @@ func (s *session) runSide(ctx context.Context, size int64, target func() (int64,
 		res.BW, res.Counts = &bw, counts
 	}
 	return res, nil
+}
+
+// resultCanCome reports whether the peer can send its result, or its
+// failure, over an exchange that does not take the RoCEv2 path: softrdma's
+// over TCP (not -R, not perftest's exchange, which has no such message).
+func (s *session) resultCanCome() bool { return s.ch == nil && s.pt == nil }
+
+// closed reports whether ch is closed.
+func closed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }
 
 // passive reports whether this side has no part in the round but to wait

@@ -88,6 +88,9 @@ type session struct {
 	// idle is the idle watch of the round's run (-n, --idle-timeout;
 	// nil: none), set before the run and read by its loops.
 	idle *idlewatch.Watch
+	// peerSpoke is closed when the peer's result (or error) of the
+	// round arrived, set before the run like idle.
+	peerSpoke chan struct{}
 	// The exchange's setup: its time limit, when it expires, and the
 	// peer's TCP address (for the messages).
 	setupLimit time.Duration
