@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -128,6 +129,7 @@ func Run(ctx context.Context, o *Options) (*Result, error) {
 		}
 	}
 	s.close()
+	err = s.finishOut(err)
 	// A capture the user asked for that could not be written (a full
 	// disk, /dev/full) fails a run that otherwise passed; after a
 	// failure it is said on stderr.
@@ -476,11 +478,47 @@ func (s *session) openOut() error {
 	if s.fileSize < 0 {
 		return fmt.Errorf("--out %s: the peer sends no file (--file)", s.o.Out)
 	}
-	var err error
-	if s.out, err = os.Create(s.o.Out); err != nil {
+	// The bytes go to a temporary file beside --out, renamed over it only
+	// when the run passed (finishOut): a failed run leaves an existing
+	// --out as it was, and a --file of the same path on this host is not
+	// truncated before the client reads it.
+	mode := os.FileMode(0o644)
+	if st, err := os.Stat(s.o.Out); err == nil && st.Mode().IsRegular() {
+		mode = st.Mode().Perm()
+	}
+	dir, base := filepath.Split(s.o.Out)
+	if dir == "" {
+		dir = "."
+	}
+	f, err := os.CreateTemp(dir, "."+base+".softrdma-*")
+	if err != nil {
+		return fmt.Errorf("--out: %w", err)
+	}
+	s.out = f
+	if err := f.Chmod(mode); err != nil {
 		return fmt.Errorf("--out: %w", err)
 	}
 	return nil
+}
+
+// finishOut ends --out once the run is over (and s.out closed): on
+// success the temporary file becomes --out; on failure it is removed, and
+// the error says that --out was not written.
+func (s *session) finishOut(err error) error {
+	if s.out == nil {
+		return err
+	}
+	tmp := s.out.Name()
+	if err == nil && s.outErr == nil {
+		if rerr := os.Rename(tmp, s.o.Out); rerr == nil {
+			return nil
+		} else {
+			err = fmt.Errorf("--out: %w", rerr)
+		}
+	}
+	err = cmp.Or(err, s.outErr)
+	os.Remove(tmp)
+	return fmt.Errorf("%w (--out %s was not written)", err, s.o.Out)
 }
 
 // retryEvery is the pause between a client's connection attempts.

@@ -73,7 +73,8 @@ type session struct {
 	// client's for WRITE and SEND, the server's for READ.
 	fileSize int64
 	file     *os.File // the file this side sends, if any
-	out      *os.File // --out, if this side receives a file
+	out      *os.File // --out's temporary file, if this side receives a file (finishOut)
+	outErr   error    // why out could not be closed
 
 	// The current round.
 	cq      *softrdma.CQ
@@ -343,7 +344,9 @@ func (s *session) close() {
 		s.file.Close()
 	}
 	if s.out != nil {
-		s.out.Close()
+		if err := s.out.Close(); err != nil {
+			s.outErr = fmt.Errorf("--out: %w", err)
+		}
 	}
 	if s.ctrl != nil {
 		s.ctrl.Close()

@@ -1,8 +1,11 @@
 package perf
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -90,4 +93,61 @@ func TestPcapWriteFailureFailsTheRun(t *testing.T) {
 	assert.Regexp(t, `^--pcap: .*/dev/full: no space left on device$`, r.srvErr.Error())
 	assert.Equal(t, r.srvErr.Error(), r.srv.Report.Error, "the JSON says it too")
 	assert.Contains(t, r.srvOut, `"error": "--pcap:`)
+}
+
+// TestOutWrittenOnlyOnSuccess: --out is written to a temporary file
+// beside it and renamed over it when the run passed; a run that failed
+// leaves an existing --out as it was, no temporary behind, and says that
+// --out was not written.
+func TestOutWrittenOnlyOnSuccess(t *testing.T) {
+	in, sum := writeTestFile(t, 50_000)
+	dir := t.TempDir()
+	out := filepath.Join(dir, "out.bin")
+	require.NoError(t, os.WriteFile(out, []byte("the old file"), 0o600))
+
+	testCorrupt = func(k int64, data []byte) {
+		if k == 2 {
+			data[7] ^= 0x40
+		}
+	}
+	r := runPair(t, WriteBW, Options{Out: out}, Options{File: in, Params: Params{Size: 4096}})
+	testCorrupt = nil
+	require.ErrorIs(t, r.srvErr, ErrMismatch)
+	assert.Contains(t, r.srvErr.Error(), "(--out "+out+" was not written)")
+	got, err := os.ReadFile(out)
+	require.NoError(t, err)
+	assert.Equal(t, "the old file", string(got), "a failed run leaves --out as it was")
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	assert.Len(t, entries, 1, "no temporary file left: %v", entries)
+
+	r = runPair(t, WriteBW, Options{Out: out}, Options{File: in, Params: Params{Size: 4096}})
+	requireOK(t, r)
+	assert.Equal(t, sum, sha256File(t, out))
+	st, err := os.Stat(out)
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), st.Mode().Perm(), "the replaced file's mode is kept")
+	entries, err = os.ReadDir(dir)
+	require.NoError(t, err)
+	assert.Len(t, entries, 1)
+}
+
+// TestOutOverTheSameFile: a server's --out and a client's --file naming
+// the same file on one host: the source is read whole (before, --out
+// truncated it first and both sides said only "read file: EOF") and
+// replaced by the same bytes.
+func TestOutOverTheSameFile(t *testing.T) {
+	in, sum := writeTestFile(t, 50_000)
+	r := runPair(t, WriteBW, Options{Out: in}, Options{File: in, Params: Params{Size: 4096}})
+	requireOK(t, r)
+	assert.Equal(t, int64(50_000), r.srv.Report.File.Bytes)
+	assert.Equal(t, sum, sha256File(t, in))
+}
+
+func sha256File(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	h := sha256.Sum256(b)
+	return hex.EncodeToString(h[:])
 }
