@@ -1,6 +1,7 @@
 package perf
 
 import (
+	"context"
 	"io"
 	"net"
 	"sync"
@@ -159,4 +160,50 @@ func TestPassiveServerLetsTheClientExplain(t *testing.T) {
 	assert.Regexp(t, `^no completion for 600ms \(--idle-timeout\) after 0 of 50 iterations`, r.cliErr.Error())
 	require.Error(t, r.srvErr)
 	assert.Regexp(t, `^peer: no completion for 600ms \(--idle-timeout\)`, r.srvErr.Error())
+}
+
+// TestPeerGoneMidRunIsNamed: a client whose connection closes during the
+// run (its process killed) is named by the server, with what it waited
+// for, not "exchange: waiting for result: unexpected EOF"; a client
+// interrupted (Ctrl-C, SIGTERM: Run's context ends) tells the server so,
+// not "context canceled".
+func TestPeerGoneMidRunIsNamed(t *testing.T) {
+	t.Run("killed", func(t *testing.T) {
+		p := &freezingProxy{}
+		var proxyPort int
+		var started atomic.Int32
+		testHookRunSide = func(*session) {
+			if started.Add(1) == 2 {
+				p.mu.Lock()
+				for _, c := range p.conns {
+					c.Close()
+				}
+				p.mu.Unlock()
+			}
+		}
+		t.Cleanup(func() { testHookRunSide = nil })
+		r := runPairWith(t, WriteBW, Options{}, Options{Params: Params{Size: 4096, Iters: 100_000_000}},
+			pairOpts{timeout: 30 * time.Second, via: func(addr string) int { proxyPort = p.listen(t, addr); return proxyPort }})
+		require.Error(t, r.srvErr)
+		assert.Regexp(t, `^the peer at 127\.0\.0\.1:\d+ closed the connection \((unexpected EOF|connection reset)\) while this side waited for its result$`,
+			r.srvErr.Error())
+		require.Error(t, r.cliErr)
+	})
+	t.Run("interrupted", func(t *testing.T) {
+		var cancel context.CancelFunc
+		testHookRunSide = func(s *session) {
+			if !s.server {
+				cancel()
+			}
+		}
+		t.Cleanup(func() { testHookRunSide = nil })
+		r := runPairWith(t, SendBW, Options{}, Options{Params: Params{Size: 4096, Iters: 100_000_000}},
+			pairOpts{timeout: 30 * time.Second, cliCtx: func(ctx context.Context) context.Context {
+				ctx, cancel = context.WithCancel(ctx)
+				return ctx
+			}})
+		require.ErrorIs(t, r.cliErr, context.Canceled)
+		require.Error(t, r.srvErr)
+		assert.EqualError(t, r.srvErr, "peer: interrupted (SIGINT or SIGTERM)")
+	})
 }

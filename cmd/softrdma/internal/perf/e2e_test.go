@@ -44,6 +44,8 @@ type pairOpts struct {
 	// via, if set, returns the loopback port the client dials instead of
 	// the server's (a proxy to addr).
 	via func(addr string) int
+	// cliCtx, if set, is the client's context (within the pair's).
+	cliCtx func(context.Context) context.Context
 }
 
 // runPairWith is runPair with options.
@@ -75,7 +77,11 @@ func runPairWith(t *testing.T, test Test, srv, cli Options, po pairOpts) pairRun
 	var r pairRun
 	var wg sync.WaitGroup
 	wg.Go(func() { r.srv, r.srvErr = Run(ctx, &srv) })
-	r.cli, r.cliErr = Run(ctx, &cli)
+	cctx := ctx
+	if po.cliCtx != nil {
+		cctx = po.cliCtx(ctx)
+	}
+	r.cli, r.cliErr = Run(cctx, &cli)
 	if r.cliErr != nil {
 		ln.Close() // the client may have failed before connecting
 	}

@@ -90,7 +90,7 @@ func Run(ctx context.Context, o *Options) (*Result, error) {
 	if err := o.ODP.Validate(); err != nil {
 		return nil, usage(err)
 	}
-	s := &session{o: o, test: o.Test, server: o.Server == "", fileSize: -1}
+	s := &session{o: o, test: o.Test, server: o.Server == "", fileSize: -1, runCtx: ctx}
 	if o.ReportGbits {
 		s.unit = report.Gbps
 	}
@@ -574,9 +574,23 @@ func ctxErr(ctx context.Context, err error) error {
 func (s *session) tellPeer(err error) error {
 	var pe *exchange.PeerError
 	if err != nil && s.ctrl != nil && !errors.As(err, &pe) {
-		s.ctrl.SendError(err)
+		s.ctrl.SendError(errors.New(s.reasonForPeer(err)))
 	}
 	return err
+}
+
+// peerInterrupted is what a side tells its peer when it was interrupted
+// (Ctrl-C or SIGTERM cancel Run's context): the peer prints "peer:
+// interrupted", not Go's "context canceled".
+const peerInterrupted = "interrupted (SIGINT or SIGTERM)"
+
+// reasonForPeer is err as this side tells its peer, in its result or an
+// error message.
+func (s *session) reasonForPeer(err error) string {
+	if s.runCtx != nil && s.runCtx.Err() != nil && errors.Is(err, context.Canceled) {
+		return peerInterrupted
+	}
+	return err.Error()
 }
 
 func (s *session) runServer(ctx context.Context) error {
@@ -853,7 +867,7 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 		runErr = nr
 	}
 	if runErr != nil {
-		mine.Err = runErr.Error()
+		mine.Err = s.reasonForPeer(runErr)
 	}
 	mine.ODP = s.odpReport()
 	sendErr := s.ctrl.SendJSON(exchange.MsgResult, &mine)

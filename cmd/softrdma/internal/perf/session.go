@@ -50,6 +50,8 @@ type session struct {
 	ch    *cmchan.Conn
 	conns []*rdmacm.Conn
 	ctx   context.Context // canceled when the control channel closes
+	// runCtx is Run's context: its end is an interrupt (SIGINT, SIGTERM).
+	runCtx context.Context
 	unit  report.Unit
 	json  report.JSON // the report, filled as the run goes
 
