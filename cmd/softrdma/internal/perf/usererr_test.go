@@ -151,3 +151,27 @@ func sha256File(t *testing.T, path string) string {
 	h := sha256.Sum256(b)
 	return hex.EncodeToString(h[:])
 }
+
+// TestWriteBWServerPrintsTheClientsRow: the server of write-bw prints its
+// client's numbers, as perftest's does, with --verify and --file too
+// (where it has completions of its own, but no honest clock: a short run
+// could arrive whole before it started timing, 51263 MB/sec for the
+// client's 143).
+func TestWriteBWServerPrintsTheClientsRow(t *testing.T) {
+	in, _ := writeTestFile(t, 40_000)
+	for _, tc := range []struct {
+		name string
+		cli  Options
+	}{
+		{"verify", Options{Params: Params{Size: 4096, Iters: 5, Verify: true}}},
+		{"verify -a", Options{Params: Params{Iters: 5, Verify: true, All: true}}},
+		{"file", Options{File: in, Params: Params{Size: 4096}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := runPair(t, WriteBW, Options{}, tc.cli)
+			requireOK(t, r)
+			require.NotEmpty(t, r.cli.Report.BW)
+			assert.Equal(t, r.cli.Report.BW, r.srv.Report.BW)
+		})
+	}
+}
