@@ -26,6 +26,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"syscall"
 )
 
 // DefaultPort is perftest's DEF_PORT.
@@ -72,6 +73,30 @@ var (
 type PeerError struct{ Reason string }
 
 func (e *PeerError) Error() string { return "peer: " + e.Reason }
+
+// ClosedError is a connection the peer closed or reset (its process
+// killed, or ended after a failure it could not send) while this side
+// waited for a message: "the peer at 10.0.0.2:41234 closed the connection
+// (unexpected EOF) while this side waited for its result". It unwraps to
+// the cause (io.ErrUnexpectedEOF, ECONNRESET, EPIPE).
+type ClosedError struct {
+	Peer    netip.AddrPort
+	Waiting MsgType // the message this side waited for
+	Err     error
+}
+
+func (e *ClosedError) Error() string {
+	why := "unexpected EOF"
+	switch {
+	case errors.Is(e.Err, syscall.ECONNRESET):
+		why = "connection reset"
+	case errors.Is(e.Err, syscall.EPIPE):
+		why = "broken pipe"
+	}
+	return fmt.Sprintf("the peer at %v closed the connection (%s) while this side waited for its %v", e.Peer, why, e.Waiting)
+}
+
+func (e *ClosedError) Unwrap() error { return e.Err }
 
 type frame struct {
 	typ     MsgType
@@ -225,6 +250,9 @@ func (x *Conn) Recv(ctx context.Context, t MsgType) ([]byte, error) {
 		err := x.err
 		if err == nil || errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF
+		}
+		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) {
+			return nil, &ClosedError{Peer: x.RemoteAddr(), Waiting: t, Err: err}
 		}
 		return nil, fmt.Errorf("exchange: waiting for %v: %w", t, err)
 	}

@@ -213,3 +213,53 @@ func TestMsgTypeString(t *testing.T) {
 	assert.Equal(t, "MsgType(0)", MsgType(0).String())
 	assert.Equal(t, "MsgType(99)", MsgType(99).String())
 }
+
+// TestRecvNamesAPeerThatClosed: a peer that closes or resets the
+// connection (its process killed) while this side waits for a message is
+// named, with what was awaited, instead of "exchange: waiting for result:
+// unexpected EOF"; the error still unwraps to the cause.
+func TestRecvNamesAPeerThatClosed(t *testing.T) {
+	for _, reset := range []bool{false, true} {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		accepted := make(chan net.Conn, 1)
+		go func() {
+			c, err := ln.Accept()
+			if err == nil {
+				accepted <- c
+			}
+		}()
+		c, err := net.Dial("tcp", ln.Addr().String())
+		require.NoError(t, err)
+		pc := <-accepted
+		ln.Close()
+		x, err := New(c)
+		require.NoError(t, err)
+		peer, err := New(pc)
+		require.NoError(t, err)
+		// A barrier: each side has read all the other sent (a close
+		// with unread bytes would be a reset).
+		require.NoError(t, peer.Send(MsgSync, nil))
+		require.NoError(t, x.Send(MsgSync, nil))
+		_, err = x.Recv(context.Background(), MsgSync)
+		require.NoError(t, err)
+		_, err = peer.Recv(context.Background(), MsgSync)
+		require.NoError(t, err)
+		if reset {
+			pc.(*net.TCPConn).SetLinger(0)
+		}
+		peer.Close()
+		_, err = x.Recv(context.Background(), MsgResult)
+		why := "unexpected EOF"
+		if reset {
+			why = "connection reset"
+		}
+		assert.EqualError(t, err, "the peer at "+pc.LocalAddr().String()+" closed the connection ("+why+") while this side waited for its result")
+		var ce *ClosedError
+		assert.ErrorAs(t, err, &ce)
+		if !reset {
+			assert.ErrorIs(t, err, io.ErrUnexpectedEOF)
+		}
+		x.Close()
+	}
+}

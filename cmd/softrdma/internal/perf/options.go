@@ -389,7 +389,8 @@ func (p *Params) Validate(t Test) error {
 		return fmt.Errorf("--atomic_type %q (-A): must be %s or %s", p.Atomic, FetchAndAdd, CmpAndSwap)
 	}
 	if p.QPs != 1 && (p.FileSize >= 0 || p.Verify && (t == WriteBW || t == SendBW)) && !p.perftest {
-		return fmt.Errorf("%s: --file and --verify stream over one QP (-q 1)", t)
+		// (No tool name in front: the CLI prints the error after it.)
+		return errors.New("--file and --verify stream over one QP (-q 1)")
 	}
 	if p.FileSize >= 0 && p.All {
 		return errors.New("--file and --all cannot be combined (the file decides the message count)")

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/netip"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -95,6 +96,9 @@ func TestValidateRejects(t *testing.T) {
 		err := p.Validate(tc.test)
 		if assert.Error(t, err, tc.name) {
 			assert.Contains(t, err.Error(), tc.want, tc.name)
+			// The CLI prints the tool's name in front ("softrdma:
+			// write-bw: ..."); a second one would double it.
+			assert.NotRegexp(t, `^(write|read|send|atomic)-(bw|lat)`, err.Error(), tc.name)
 		}
 	}
 	// --verify over several QPs is fine where it needs no stream.
@@ -244,31 +248,40 @@ func TestAgreeMTU(t *testing.T) {
 
 // TestPeerResultIsBoundedWhenItMatters: after this side failed, or in a
 // -D run, the wait for the peer's result ends after drainLimit (a peer
-// whose host died keeps its TCP connection open); a result that arrives
-// is returned; an -n run that succeeded waits for it as perftest does.
+// whose host died keeps its TCP connection open); after this side's own
+// idle watch fired, after peerGrace only (a limit that says 10s must not
+// become 20s on a dead link); after the -D bound of the wait for the
+// peer's run, at once. A result that arrives is returned; an -n run that
+// succeeded waits for it as perftest does. (synctest: the clock is the
+// bubble's.)
 func TestPeerResultIsBoundedWhenItMatters(t *testing.T) {
-	old := drainMin
-	drainMin = 50 * time.Millisecond
-	t.Cleanup(func() { drainMin = old })
-	never := make(chan peerMsg)
-	for _, tc := range []struct {
-		name   string
-		d      time.Duration
-		runErr error
-	}{
-		{"this side failed", 0, errors.New("boom")},
-		{"-D run", 20 * time.Millisecond, nil},
-	} {
-		s := &session{p: Params{Duration: tc.d}}
-		start := time.Now()
-		_, waited := s.peerResult(never, tc.runErr)
-		assert.False(t, waited, tc.name)
-		assert.GreaterOrEqual(t, time.Since(start), 50*time.Millisecond, tc.name)
-	}
-	got := make(chan peerMsg, 1)
-	got <- peerMsg{r: roundResult{Err: "theirs"}}
-	s := &session{}
-	pm, waited := s.peerResult(got, nil)
-	assert.True(t, waited)
-	assert.Equal(t, "theirs", pm.r.Err)
+	synctest.Test(t, func(t *testing.T) {
+		never := make(chan peerMsg)
+		for _, tc := range []struct {
+			name      string
+			d         time.Duration
+			runErr    error
+			idleFired bool
+			want      time.Duration
+		}{
+			{"this side failed", 0, errors.New("boom"), false, drainMin},
+			{"-D run", 20 * time.Millisecond, nil, false, drainMin},
+			{"-D run longer than drainMin", 30 * time.Second, nil, false, 30 * time.Second},
+			{"this side's idle watch fired", 0, errors.New("no completion"), true, peerGrace},
+			{"-D wait for the peer's run expired", 3 * time.Second, &noResultError{}, false, 0},
+		} {
+			s := &session{p: Params{Duration: tc.d}}
+			start := time.Now()
+			_, waited := s.peerResult(never, s.resultWait(tc.runErr, tc.idleFired))
+			assert.False(t, waited, tc.name)
+			assert.Equal(t, tc.want, time.Since(start), tc.name)
+		}
+		s := &session{}
+		assert.Negative(t, s.resultWait(nil, false), "an -n run that succeeded waits for ever")
+		got := make(chan peerMsg, 1)
+		got <- peerMsg{r: roundResult{Err: "theirs"}}
+		pm, waited := s.peerResult(got, s.resultWait(nil, false))
+		assert.True(t, waited)
+		assert.Equal(t, "theirs", pm.r.Err)
+	})
 }

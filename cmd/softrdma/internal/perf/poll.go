@@ -205,14 +205,12 @@ func (s *session) watchIdle(ctx context.Context) (context.Context, *idlewatch.Wa
 
 // Where --idle-timeout applies: the part of a round (-n) that waits for
 // completions, over TCP or -R, with softrdma's or perftest's exchange
-// (watchIdle); a passive side's wait for its peer's result where the peer
-// cannot send it (watchPassive), and, with -R, every message this side
-// sends over the exchange (boundWrites). Where it does not, and why:
-//   - -D runs: bounded by their drain limit (drainLimit) instead.
-//   - A passive side over TCP with softrdma's exchange keeps waiting for
-//     its peer's result: TCP does not take the RoCEv2 path, so a peer
-//     whose completions stopped can say so (and a dead peer's host is
-//     found by TCP's keep-alive).
+// (watchIdle); a passive side's wait for its peer's result (watchPassive),
+// and, with -R, every message this side sends over the exchange
+// (boundWrites). Where it does not, and why:
+//   - -D runs: bounded by their drain limit (drainLimit, session.bounded)
+//     and, on the side that waits for the peer's run to end, by
+//     resultBound instead.
 //   - With -R, a wait to receive a message of the exchange outside a
 //     round's run (the server's wait for the hello, the client's for the
 //     reply, a barrier) is not bounded: there are no completions or data
@@ -220,12 +218,21 @@ func (s *session) watchIdle(ctx context.Context) (context.Context, *idlewatch.Wa
 //     each side sends first, and that send is bounded.)
 
 // watchPassive is watchIdle for a side with no completions of its own
-// (passive: the server of write-bw, read-bw, atomic-bw and read-lat)
-// whose peer cannot tell it that the run died: with -R the exchange runs
-// over the same path as the data, so a dead path keeps the peer's news
-// from arriving; perftest's exchange has no message for it. Its progress
-// is a packet received by its device (the peer's requests, retried for
-// ever while the peer lives and the path carries them).
+// (passive: the server of write-bw, read-bw, atomic-bw and read-lat),
+// which waits for its peer's result to end the round. Its progress is a
+// packet received by its device (the peer's requests, retried for ever
+// while the peer lives and the path carries them). The peer's result
+// does not always come: with -R the exchange runs over the same path as
+// the data; perftest's exchange has no message for a failure; and over
+// TCP a link that died takes the exchange's connection with it, which
+// TCP gives up on only after its retransmission timeout (about 150 s).
+// (This was once left to the peer's result over TCP, on the grounds that
+// TCP does not take the RoCEv2 path: when the whole link dies, it does.)
+//
+// A healthy run is not cut: the peer's packets keep coming until its
+// last completion, and its result follows at once; the result ends the
+// wait whenever it arrives, even as the watch expires (runSide). The
+// peer's checks (--verify) happen per completion, during the run.
 func (s *session) watchPassive(ctx context.Context) (context.Context, *idlewatch.Watch) {
 	ictx, w := s.watchIdle(ctx)
 	if w == nil {
@@ -254,12 +261,18 @@ func (s *session) watchPassive(ctx context.Context) (context.Context, *idlewatch
 // passiveIdleErr is the error of a passive side's run that watchPassive
 // ended.
 func (s *session) passiveIdleErr(w *idlewatch.Watch) error {
-	why := "perftest's exchange cannot say that the peer's run failed"
-	if s.ch != nil {
+	var what, why string
+	switch {
+	case s.ch != nil:
 		why = "with -R the exchange runs over that path too, so the peer cannot say it"
+	case s.pt != nil:
+		why = "perftest's exchange cannot say that the peer's run failed"
+	default:
+		what = " and no result from it over the exchange"
+		why = "a link that died takes the exchange's TCP connection with it"
 	}
-	return fmt.Errorf("nothing received from the peer for %v (--idle-timeout) during the run: "+
-		"the peer or the path to it is probably dead (%s; --idle-timeout 0 waits for ever)", w.Limit(), why)
+	return fmt.Errorf("nothing received from the peer for %v (--idle-timeout) during the run%s: "+
+		"the peer or the path to it is probably dead (%s; --idle-timeout 0 waits for ever)", w.Limit(), what, why)
 }
 
 // idleErr is the error of a run that the watch ended: asked is the

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -89,7 +90,7 @@ func Run(ctx context.Context, o *Options) (*Result, error) {
 	if err := o.ODP.Validate(); err != nil {
 		return nil, usage(err)
 	}
-	s := &session{o: o, test: o.Test, server: o.Server == "", fileSize: -1}
+	s := &session{o: o, test: o.Test, server: o.Server == "", fileSize: -1, runCtx: ctx}
 	if o.ReportGbits {
 		s.unit = report.Gbps
 	}
@@ -114,9 +115,6 @@ func Run(ctx context.Context, o *Options) (*Result, error) {
 			err = s.runClient(ctx)
 		}
 	}
-	if err != nil {
-		s.json.Error = err.Error()
-	}
 	if s.dev != nil {
 		s.json.ODP = s.odpReport()
 		// The counters are read once the device is closed: the ACKs of
@@ -129,6 +127,19 @@ func Run(ctx context.Context, o *Options) (*Result, error) {
 		if o.Stat && !o.JSON {
 			s.printStat(o.Stdout, peer)
 		}
+	}
+	s.close()
+	err = s.finishOut(err)
+	// A capture the user asked for that could not be written (a full
+	// disk, /dev/full) fails a run that otherwise passed; after a
+	// failure it is said on stderr.
+	if s.tapErr != nil && err == nil {
+		err = s.tapErr
+	} else if s.tapErr != nil {
+		s.logf("softrdma: %v", s.tapErr)
+	}
+	if err != nil {
+		s.json.Error = err.Error()
 	}
 	s.json.PeerODP = s.peerODP
 	if o.JSON {
@@ -145,16 +156,23 @@ type peerMsg struct {
 	err error
 }
 
-// peerResult waits for the peer's result of a round. It waits as long as
-// it takes (as perftest, until TCP gives up) unless this side failed or
-// runs for a duration (-D): then at most drainLimit, so that a peer whose
-// host or path died while the TCP connection stays open does not keep the
-// run going; waited is false when that limit passed.
-func (s *session) peerResult(peerc <-chan peerMsg, runErr error) (pm peerMsg, waited bool) {
-	if runErr == nil && s.p.Duration <= 0 {
+// peerResult waits for the peer's result of a round, after this side's
+// run. It waits as long as it takes (as perftest, until TCP gives up)
+// when this side's -n run succeeded: its peer's run is then over or
+// about to be (a passive peer waits for this side's result). Otherwise at
+// most limit (resultWait), so that a peer whose host or path died while
+// the TCP connection stays open does not keep the run going; waited is
+// false when that limit passed.
+func (s *session) peerResult(peerc <-chan peerMsg, limit time.Duration) (pm peerMsg, waited bool) {
+	if limit < 0 {
 		return <-peerc, true
 	}
-	t := time.NewTimer(drainLimit(s.p.Duration))
+	select {
+	case pm = <-peerc: // already there: a limit of 0 must not lose it to the timer
+		return pm, true
+	default:
+	}
+	t := time.NewTimer(limit)
 	defer t.Stop()
 	select {
 	case pm = <-peerc:
@@ -162,6 +180,64 @@ func (s *session) peerResult(peerc <-chan peerMsg, runErr error) (pm peerMsg, wa
 	case <-t.C:
 		return peerMsg{}, false
 	}
+}
+
+// peerGrace is how long a side whose own idle watch (--idle-timeout)
+// ended its run still waits for the peer's result, for the peer's side of
+// the story: a peer whose exchange still works sends it at once (its own
+// watch fired too, or it learns of this side's failure); a dead link
+// would otherwise add drainLimit to a limit that said 10s. A variable
+// for the tests.
+var peerGrace = time.Second
+
+// resultWait is the limit of peerResult after this side's run ended with
+// runErr: none (-1) for a -n run that succeeded; peerGrace after this
+// side's idle watch fired; nothing more (0) when the wait for the
+// result is what failed (the -D bound of resultBound); else drainLimit,
+// the time -D gives the peer's result (docs/cli.md).
+func (s *session) resultWait(runErr error, idleFired bool) time.Duration {
+	var nr *noResultError
+	switch {
+	case runErr == nil && s.p.Duration <= 0:
+		return -1
+	case errors.As(runErr, &nr):
+		return 0
+	case idleFired && s.passive() && s.resultCanCome():
+		return 0 // runSide's passive wait gave it peerGrace already
+	case idleFired:
+		return min(peerGrace, drainLimit(s.p.Duration))
+	}
+	return drainLimit(s.p.Duration)
+}
+
+// resultBound returns ctx limited, in a -D run, to the time this side
+// may wait for the end of the peer's run: the duration, then drainLimit
+// for the peer's work requests still outstanding and as long again for
+// its result to arrive over the exchange (docs/cli.md, -D). A side that
+// only serves (write-bw, read-bw, atomic-bw, read-lat), the send-bw
+// receiver and a stream's sink end their run on the peer's result or its
+// last message, and a link that died takes the exchange's TCP connection
+// with it: without this, they waited for TCP to give up (about 150 s).
+// The sides that post the work are bounded sooner (session.bounded).
+func (s *session) resultBound(ctx context.Context) (context.Context, context.CancelFunc) {
+	if s.p.Duration <= 0 {
+		return ctx, func() {}
+	}
+	limit := s.p.Duration + 2*drainLimit(s.p.Duration)
+	return context.WithTimeoutCause(ctx, limit, &noResultError{d: s.p.Duration, limit: limit, drain: drainLimit(s.p.Duration)})
+}
+
+// noResultError is the expiry of resultBound: the peer's -D run did not
+// end in the time it had.
+type noResultError struct {
+	d, limit, drain time.Duration
+}
+
+func (e *noResultError) Error() string {
+	return fmt.Sprintf("-D %v: the peer's run did not end and no result came from it within %v "+
+		"(the duration, %v for its work requests still outstanding, and %v for its result): "+
+		"the peer or the path to it is probably dead (a link that died takes the exchange's TCP connection with it)",
+		e.d, e.limit, e.drain, e.drain)
 }
 
 // checkBindable tells a server with --bind IP[:PORT] at once, before it
@@ -370,7 +446,28 @@ func (s *session) clientHello(ctx context.Context) error {
 	if r.FileSize >= 0 {
 		s.fileSize = r.FileSize
 	}
+	s.noteFileIgnores()
 	return s.openOut()
+}
+
+// noteFileIgnores tells a client that moves a file (its own --file, or
+// the server's with read-bw) that its -D and -n do not apply: the file's
+// size decides the messages.
+func (s *session) noteFileIgnores() {
+	if s.fileSize < 0 {
+		return
+	}
+	var flags []string
+	if s.o.Params.Duration != 0 {
+		flags = append(flags, fmt.Sprintf("-D %v", s.o.Params.Duration))
+	}
+	if s.o.Params.Iters != 0 {
+		flags = append(flags, fmt.Sprintf("-n %d", s.o.Params.Iters))
+	}
+	if len(flags) > 0 {
+		s.logf("softrdma: %s ignored: a --file run moves the whole file, %d messages of -s %d bytes",
+			strings.Join(flags, " and "), chunks(s.fileSize, s.p.Size), s.p.Size)
+	}
 }
 
 // openOut creates --out when this side receives a file.
@@ -381,11 +478,47 @@ func (s *session) openOut() error {
 	if s.fileSize < 0 {
 		return fmt.Errorf("--out %s: the peer sends no file (--file)", s.o.Out)
 	}
-	var err error
-	if s.out, err = os.Create(s.o.Out); err != nil {
+	// The bytes go to a temporary file beside --out, renamed over it only
+	// when the run passed (finishOut): a failed run leaves an existing
+	// --out as it was, and a --file of the same path on this host is not
+	// truncated before the client reads it.
+	mode := os.FileMode(0o644)
+	if st, err := os.Stat(s.o.Out); err == nil && st.Mode().IsRegular() {
+		mode = st.Mode().Perm()
+	}
+	dir, base := filepath.Split(s.o.Out)
+	if dir == "" {
+		dir = "."
+	}
+	f, err := os.CreateTemp(dir, "."+base+".softrdma-*")
+	if err != nil {
+		return fmt.Errorf("--out: %w", err)
+	}
+	s.out = f
+	if err := f.Chmod(mode); err != nil {
 		return fmt.Errorf("--out: %w", err)
 	}
 	return nil
+}
+
+// finishOut ends --out once the run is over (and s.out closed): on
+// success the temporary file becomes --out; on failure it is removed, and
+// the error says that --out was not written.
+func (s *session) finishOut(err error) error {
+	if s.out == nil {
+		return err
+	}
+	tmp := s.out.Name()
+	if err == nil && s.outErr == nil {
+		if rerr := os.Rename(tmp, s.o.Out); rerr == nil {
+			return nil
+		} else {
+			err = fmt.Errorf("--out: %w", rerr)
+		}
+	}
+	err = cmp.Or(err, s.outErr)
+	os.Remove(tmp)
+	return fmt.Errorf("%w (--out %s was not written)", err, s.o.Out)
 }
 
 // retryEvery is the pause between a client's connection attempts.
@@ -441,9 +574,23 @@ func ctxErr(ctx context.Context, err error) error {
 func (s *session) tellPeer(err error) error {
 	var pe *exchange.PeerError
 	if err != nil && s.ctrl != nil && !errors.As(err, &pe) {
-		s.ctrl.SendError(err)
+		s.ctrl.SendError(errors.New(s.reasonForPeer(err)))
 	}
 	return err
+}
+
+// peerInterrupted is what a side tells its peer when it was interrupted
+// (Ctrl-C or SIGTERM cancel Run's context): the peer prints "peer:
+// interrupted", not Go's "context canceled".
+const peerInterrupted = "interrupted (SIGINT or SIGTERM)"
+
+// reasonForPeer is err as this side tells its peer, in its result or an
+// error message.
+func (s *session) reasonForPeer(err error) string {
+	if s.runCtx != nil && s.runCtx.Err() != nil && errors.Is(err, context.Canceled) {
+		return peerInterrupted
+	}
+	return err.Error()
 }
 
 func (s *session) runServer(ctx context.Context) error {
@@ -526,7 +673,7 @@ func (s *session) serverHello(ctx context.Context) error {
 	r := reply{FileSize: -1, MTU: s.p.MTU}
 	if s.file != nil {
 		if s.p.QPs != 1 {
-			return fmt.Errorf("%s --file streams over one QP; the client asked for %d", s.test, s.p.QPs)
+			return fmt.Errorf("--file streams over one QP (-q 1); the client asked for -q %d", s.p.QPs)
 		}
 		r.FileSize = s.fileSize
 	} else {
@@ -597,7 +744,7 @@ func (s *session) run(ctx context.Context) error {
 	if s.p.Verify {
 		s.json.Verified = true
 		if text {
-			fmt.Fprintf(w, " Verify          : every byte matched (pattern seed %#x)\n", s.p.Seed)
+			fmt.Fprintf(w, " Verify          : %s\n", s.verified())
 		}
 	}
 	if s.fileSize >= 0 {
@@ -607,6 +754,22 @@ func (s *session) run(ctx context.Context) error {
 		s.printODP(w, s.odpReport())
 	}
 	return nil
+}
+
+// verified says what --verify checked, once every check passed.
+func (s *session) verified() string {
+	if s.test == AtomicBW {
+		// No bytes are compared: each QP's counter is a chain (the
+		// client checks each atomic's fetched value, the server the
+		// counters' final values).
+		op := "FETCH_AND_ADD(1)"
+		if s.p.Atomic == CmpAndSwap {
+			op = "CMP_AND_SWAP(n, n+1)"
+		}
+		return fmt.Sprintf("every counter chain held (the n-th %s of each QP fetched n, "+
+			"and each QP's counter ended at the count of its atomics)", op)
+	}
+	return fmt.Sprintf("every byte matched (pattern seed %#x)", s.p.Seed)
 }
 
 // prepare readies the buffer before a round's start barrier.
@@ -635,6 +798,8 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	peerc := make(chan peerMsg, 1)
+	spoke := make(chan struct{})
+	s.peerSpoke = spoke
 	var target atomic.Int64
 	known := make(chan struct{})
 	go func() {
@@ -657,6 +822,7 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 		// drainLimit, and its own failure is the one reported, the
 		// peer's mentioned after it, whichever side's bound expired
 		// first.
+		close(spoke)
 		peerc <- peerMsg{r, err}
 	}()
 	targetFn := func() (int64, bool) {
@@ -672,12 +838,15 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 	// has no completions, learns of it from the active side's result,
 	// except with -R, where that result takes the dead path too: there it
 	// watches the packets it receives.
-	ictx, idle := rctx, (*idlewatch.Watch)(nil)
-	switch {
-	case !s.passive():
-		ictx, idle = s.watchIdle(rctx)
-	case s.ch != nil:
-		ictx, idle = s.watchPassive(rctx)
+	// A -D run is bounded instead: the side posting the work by its
+	// drain limit (session.bounded), the other by resultBound.
+	bctx, bcancel := s.resultBound(rctx)
+	defer bcancel()
+	ictx, idle := bctx, (*idlewatch.Watch)(nil)
+	if s.passive() {
+		ictx, idle = s.watchPassive(bctx)
+	} else {
+		ictx, idle = s.watchIdle(bctx)
 	}
 	s.idle = idle
 	if testHookRunSide != nil {
@@ -686,14 +855,19 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 	mine, runErr := s.runSide(ictx, size, targetFn, known)
 	idle.Stop()
 	s.idle = nil
+	var nr *noResultError
 	switch {
 	case runErr != nil && idle.Expired() && s.passive():
-		runErr = s.passiveIdleErr(idle)
+		if !closed(spoke) { // (a peer that spoke explains the run's end itself)
+			runErr = s.passiveIdleErr(idle)
+		}
 	case runErr != nil && idle.Expired():
 		runErr = s.idleErr(idle, s.asked(size))
+	case runErr != nil && rctx.Err() == nil && errors.As(context.Cause(bctx), &nr):
+		runErr = nr
 	}
 	if runErr != nil {
-		mine.Err = runErr.Error()
+		mine.Err = s.reasonForPeer(runErr)
 	}
 	mine.ODP = s.odpReport()
 	sendErr := s.ctrl.SendJSON(exchange.MsgResult, &mine)
@@ -703,7 +877,7 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 		// own result will not cross the dead path either.
 		return mine, peer, cmp.Or(runErr, sendErr)
 	}
-	pm, waited := s.peerResult(peerc, runErr)
+	pm, waited := s.peerResult(peerc, s.resultWait(runErr, idle.Expired()))
 	if !waited {
 		if runErr != nil {
 			return mine, peer, runErr
@@ -787,8 +961,26 @@ func (s *session) runSide(ctx context.Context, size int64, target func() (int64,
 		case <-known:
 			return nil
 		case <-ctx.Done():
-			return ctx.Err()
 		}
+		select {
+		case <-known: // the result came as the watch or bound expired
+			return nil
+		default:
+		}
+		if s.idle.Expired() && s.resultCanCome() {
+			// The active peer's watch fires about when this one does
+			// (no packets, no completions): give its result, which
+			// says more, the time to arrive before failing on its own.
+			t := time.NewTimer(peerGrace)
+			defer t.Stop()
+			select {
+			case <-known:
+				return nil
+			case <-s.peerSpoke:
+			case <-t.C:
+			}
+		}
+		return ctx.Err()
 	}
 	sourceIsServer := s.test.fileFromServer()
 	switch {
@@ -875,6 +1067,21 @@ func (s *session) runSide(ctx context.Context, size int64, target func() (int64,
 		res.BW, res.Counts = &bw, counts
 	}
 	return res, nil
+}
+
+// resultCanCome reports whether the peer can send its result, or its
+// failure, over an exchange that does not take the RoCEv2 path: softrdma's
+// over TCP (not -R, not perftest's exchange, which has no such message).
+func (s *session) resultCanCome() bool { return s.ch == nil && s.pt == nil }
+
+// closed reports whether ch is closed.
+func closed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }
 
 // passive reports whether this side has no part in the round but to wait

@@ -50,12 +50,15 @@ type session struct {
 	ch    *cmchan.Conn
 	conns []*rdmacm.Conn
 	ctx   context.Context // canceled when the control channel closes
+	// runCtx is Run's context: its end is an interrupt (SIGINT, SIGTERM).
+	runCtx context.Context
 	unit  report.Unit
 	json  report.JSON // the report, filled as the run goes
 
 	dev    *softrdma.Device
 	ownDev bool
 	tap    *pcaptap.Writer
+	tapErr error // why the --pcap capture could not be written (close)
 	pd     *softrdma.PD
 	mem    []byte // the registered buffer: QPs regions of stride bytes
 	stride int    // bytes per QP region
@@ -72,7 +75,8 @@ type session struct {
 	// client's for WRITE and SEND, the server's for READ.
 	fileSize int64
 	file     *os.File // the file this side sends, if any
-	out      *os.File // --out, if this side receives a file
+	out      *os.File // --out's temporary file, if this side receives a file (finishOut)
+	outErr   error    // why out could not be closed
 
 	// The current round.
 	cq      *softrdma.CQ
@@ -87,6 +91,9 @@ type session struct {
 	// idle is the idle watch of the round's run (-n, --idle-timeout;
 	// nil: none), set before the run and read by its loops.
 	idle *idlewatch.Watch
+	// peerSpoke is closed when the peer's result (or error) of the
+	// round arrived, set before the run like idle.
+	peerSpoke chan struct{}
 	// The exchange's setup: its time limit, when it expires, and the
 	// peer's TCP address (for the messages).
 	setupLimit time.Duration
@@ -332,14 +339,16 @@ func (s *session) close() {
 	}
 	if s.tap != nil {
 		if err := s.tap.Close(); err != nil {
-			s.logf("softrdma: --pcap: %v", err)
+			s.tapErr = fmt.Errorf("--pcap: %w", err)
 		}
 	}
 	if s.file != nil {
 		s.file.Close()
 	}
 	if s.out != nil {
-		s.out.Close()
+		if err := s.out.Close(); err != nil {
+			s.outErr = fmt.Errorf("--out: %w", err)
+		}
 	}
 	if s.ctrl != nil {
 		s.ctrl.Close()

@@ -1,0 +1,209 @@
+package perf
+
+import (
+	"context"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// freezingProxy forwards one TCP connection (the exchange) until frozen;
+// then it forwards nothing more in either direction and keeps both ends
+// open, as a link that died does: no byte and no FIN or RST gets through,
+// and TCP on each side would retransmit for minutes.
+type freezingProxy struct {
+	frozen atomic.Bool
+	mu     sync.Mutex
+	conns  []net.Conn
+}
+
+// listen starts the proxy to addr and returns its port; it closes at the
+// end of the test.
+func (p *freezingProxy) listen(t *testing.T, addr string) int {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		ln.Close()
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		for _, c := range p.conns {
+			c.Close()
+		}
+	})
+	go func() {
+		a, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		b, err := net.Dial("tcp", addr)
+		if err != nil {
+			a.Close()
+			return
+		}
+		p.mu.Lock()
+		p.conns = append(p.conns, a, b)
+		p.mu.Unlock()
+		go p.pipe(a, b)
+		go p.pipe(b, a)
+	}()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// pipe copies from src to dst until frozen; once frozen it reads and
+// drops, and passes on neither an end nor an error.
+func (p *freezingProxy) pipe(dst, src net.Conn) {
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 && !p.frozen.Load() {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			if !p.frozen.Load() && err == io.EOF {
+				dst.(*net.TCPConn).CloseWrite()
+			}
+			return
+		}
+	}
+}
+
+// killLinkAtRunStart makes the link die, in this process, once both sides
+// started a round's run (both passed the barrier): the client's device
+// loses every packet (--impair loss=1, set by the caller) and the proxy
+// of the exchange freezes.
+func killLinkAtRunStart(t *testing.T, p *freezingProxy) {
+	var started atomic.Int32
+	testHookRunSide = func(*session) {
+		if started.Add(1) == 2 {
+			p.frozen.Store(true)
+		}
+	}
+	t.Cleanup(func() { testHookRunSide = nil })
+}
+
+// TestDeadLinkBoundsBothSides: when the whole link dies during a round
+// (the data path and the exchange's TCP connection), neither side waits
+// for TCP to give up (about 150 s): in an -n run the client fails after
+// --idle-timeout and at most peerGrace more (not drainLimit more: its
+// limit said 300ms), and the server, which has no completions, after
+// --idle-timeout without a packet from the client and no result; in a -D
+// run the client fails after its drain limit and the server once the
+// client's result did not come as long again after that.
+func TestDeadLinkBoundsBothSides(t *testing.T) {
+	const idle = 300 * time.Millisecond
+	for _, tc := range []struct {
+		name    string
+		test    Test
+		p       Params
+		drain   time.Duration // drainMin, if not 0
+		cliWant string
+		srvWant string
+		within  time.Duration
+	}{
+		{"write-bw -n", WriteBW, Params{Size: 4096, Iters: 100_000_000}, 0,
+			`^no completion for 300ms \(--idle-timeout\) after 0 of 100000000 iterations`,
+			`^nothing received from the peer for 300ms \(--idle-timeout\) during the run and no result from it over the exchange: ` +
+				`the peer or the path to it is probably dead \(a link that died takes the exchange's TCP connection with it; `,
+			idle + peerGrace + 3*time.Second},
+		{"send-bw -D", SendBW, Params{Duration: 300 * time.Millisecond}, 200 * time.Millisecond,
+			`^-D 300ms: the work requests still outstanding did not complete within 300ms`,
+			`^-D 300ms: the peer's run did not end and no result came from it within 900ms \(the duration, 300ms for its work requests ` +
+				`still outstanding, and 300ms for its result\): the peer or the path to it is probably dead`,
+			900*time.Millisecond + 3*time.Second},
+		{"write-bw -D", WriteBW, Params{Duration: 300 * time.Millisecond}, 200 * time.Millisecond,
+			`^-D 300ms: the work requests still outstanding did not complete within 300ms`,
+			`^-D 300ms: the peer's run did not end and no result came from it within 900ms`,
+			900*time.Millisecond + 3*time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.drain != 0 {
+				old := drainMin
+				drainMin = tc.drain
+				t.Cleanup(func() { drainMin = old })
+			}
+			p := &freezingProxy{}
+			killLinkAtRunStart(t, p)
+			start := time.Now()
+			r := runPairWith(t, tc.test,
+				Options{IdleTimeout: idle, Logf: func(string, ...any) {}},
+				Options{Params: tc.p, Impair: "loss=1", IdleTimeout: idle},
+				pairOpts{timeout: 30 * time.Second, via: func(addr string) int { return p.listen(t, addr) }})
+			took := time.Since(start) // until both sides returned
+			require.Error(t, r.cliErr)
+			assert.Regexp(t, tc.cliWant, r.cliErr.Error())
+			require.Error(t, r.srvErr)
+			assert.Regexp(t, tc.srvWant, r.srvErr.Error())
+			assert.NotContains(t, r.srvErr.Error(), "context deadline exceeded", "the pair's own time limit ended the server")
+			assert.Less(t, took, tc.within)
+		})
+	}
+}
+
+// TestPassiveServerLetsTheClientExplain: when only the data path died
+// (--impair loss=1; the exchange works), the passive server's watch of
+// the packets it receives fires about when the client's watch of its
+// completions does, here first (a shorter --idle-timeout); it then waits
+// for the client's result, which says more, instead of failing first and
+// ending the client's run with its own story.
+func TestPassiveServerLetsTheClientExplain(t *testing.T) {
+	r := runPair(t, WriteBW, Options{IdleTimeout: 200 * time.Millisecond},
+		Options{Params: Params{Size: 4096, Iters: 50}, Impair: "loss=1", IdleTimeout: 600 * time.Millisecond})
+	require.Error(t, r.cliErr)
+	assert.Regexp(t, `^no completion for 600ms \(--idle-timeout\) after 0 of 50 iterations`, r.cliErr.Error())
+	require.Error(t, r.srvErr)
+	assert.Regexp(t, `^peer: no completion for 600ms \(--idle-timeout\)`, r.srvErr.Error())
+}
+
+// TestPeerGoneMidRunIsNamed: a client whose connection closes during the
+// run (its process killed) is named by the server, with what it waited
+// for, not "exchange: waiting for result: unexpected EOF"; a client
+// interrupted (Ctrl-C, SIGTERM: Run's context ends) tells the server so,
+// not "context canceled".
+func TestPeerGoneMidRunIsNamed(t *testing.T) {
+	t.Run("killed", func(t *testing.T) {
+		p := &freezingProxy{}
+		var proxyPort int
+		var started atomic.Int32
+		testHookRunSide = func(*session) {
+			if started.Add(1) == 2 {
+				p.mu.Lock()
+				for _, c := range p.conns {
+					c.Close()
+				}
+				p.mu.Unlock()
+			}
+		}
+		t.Cleanup(func() { testHookRunSide = nil })
+		r := runPairWith(t, WriteBW, Options{}, Options{Params: Params{Size: 4096, Iters: 100_000_000}},
+			pairOpts{timeout: 30 * time.Second, via: func(addr string) int { proxyPort = p.listen(t, addr); return proxyPort }})
+		require.Error(t, r.srvErr)
+		assert.Regexp(t, `^the peer at 127\.0\.0\.1:\d+ closed the connection \((unexpected EOF|connection reset)\) while this side waited for its result$`,
+			r.srvErr.Error())
+		require.Error(t, r.cliErr)
+	})
+	t.Run("interrupted", func(t *testing.T) {
+		var cancel context.CancelFunc
+		testHookRunSide = func(s *session) {
+			if !s.server {
+				cancel()
+			}
+		}
+		t.Cleanup(func() { testHookRunSide = nil })
+		r := runPairWith(t, SendBW, Options{}, Options{Params: Params{Size: 4096, Iters: 100_000_000}},
+			pairOpts{timeout: 30 * time.Second, cliCtx: func(ctx context.Context) context.Context {
+				ctx, cancel = context.WithCancel(ctx)
+				return ctx
+			}})
+		require.ErrorIs(t, r.cliErr, context.Canceled)
+		require.Error(t, r.srvErr)
+		assert.EqualError(t, r.srvErr, "peer: interrupted (SIGINT or SIGTERM)")
+	})
+}
