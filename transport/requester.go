@@ -62,8 +62,8 @@ func (qp *QP) runRequesterLocked(b *txBatch) bool {
 	if (st != QPStateRTS && st != QPStateSQD) || qp.comp.rnrWait {
 		return false
 	}
-	// SQD (IBTA 10.3.1 "Send Queue Drain"): finish the message in
-	// progress, start no new one.
+	// SQD (IBTA 10.3.1 "Send Queue Drain"): finish the messages in
+	// progress, retransmissions included; start no new one.
 	draining := st == QPStateSQD
 	path := qp.path.Load()
 	mtu := path.mtu
@@ -86,7 +86,10 @@ func (qp *QP) runRequesterLocked(b *txBatch) bool {
 		}
 		w := &qp.sq.wqe[r.idx%nslots]
 		op := w.wr.Opcode
-		if draining && r.offset == 0 {
+		if draining && r.offset == 0 && !w.psnSet {
+			// A message never sent does not start; one that was (and
+			// was rewound by go-back-N or a timeout) is sent again: its
+			// completion is part of the drain.
 			break
 		}
 		if isLocalOp(op) {

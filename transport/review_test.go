@@ -1,0 +1,121 @@
+package transport
+
+import (
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/softrdma/softrdma/transport/conn"
+	"github.com/softrdma/softrdma/transport/wire"
+)
+
+// syncRig is a responder rig built inside a synctest bubble, whose peer end
+// is read by a goroutine into a channel, so that a test can ask, once the
+// bubble is idle, whether the device sent something.
+type syncRig struct {
+	*responderRig
+	out chan wire.Packet
+}
+
+func newSyncRig(t *testing.T) *syncRig {
+	r := &syncRig{responderRig: newResponderRig(t), out: make(chan wire.Packet, 256)}
+	go func() {
+		pkts := make([]conn.Packet, 1)
+		for {
+			n, err := r.peer.Receive(pkts)
+			if err != nil {
+				close(r.out)
+				return
+			}
+			for i := range n {
+				b := append([]byte(nil), pkts[i].Buf...)
+				var p wire.Packet
+				if wire.Parse(b, &p) == nil {
+					r.out <- p
+				}
+			}
+		}
+	}()
+	return r
+}
+
+// sent returns what the device sent, once the bubble is idle.
+func (r *syncRig) sent() []wire.Packet {
+	synctest.Wait()
+	var ps []wire.Packet
+	for {
+		select {
+		case p := <-r.out:
+			ps = append(ps, p)
+		default:
+			return ps
+		}
+	}
+}
+
+func (r *responderRig) ackPkt(syn wire.Syndrome, psn wire.PSN, msn wire.MSN) {
+	r.deliver(r.build(wire.OpAcknowledge, psn, nil, false, func(b []byte, info *wire.OpInfo) {
+		wire.AETH(b[info.Offset[wire.HdrAETH]:]).Encode(syn, msn)
+	}))
+}
+
+func (r *responderRig) poll() []WC {
+	var out []WC
+	wcs := make([]WC, 16)
+	for {
+		n, _ := r.cq.Poll(wcs)
+		if n == 0 {
+			return out
+		}
+		out = append(out, wcs[:n]...)
+	}
+}
+
+// TestSQDRetransmitsOutstandingMessage: a WRITE is sent, the QP is moved to
+// SQD, and the responder NAKs the WRITE's PSN (sequence error: it never
+// arrived). In SQD the send queue stops taking new WRs but the WRs in
+// progress are finished (IBTA 10.3.1, "Send Queue Drain": the QP completes
+// the outstanding messages, retries included). The requester must send the
+// WRITE again; it used to stop at it, since its offset is 0 after the
+// rewind and SQD starts no message at offset 0, and the WR only ever ended
+// in RETRY_EXC_ERR.
+func TestSQDRetransmitsOutstandingMessage(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := newSyncRig(t)
+		_, err := r.qp.PostSend(SendWR{WRID: 1, Opcode: WRRDMAWrite, Flags: SendSignaled,
+			SGL: []SGE{{Addr: r.mr.Addr(), Length: 8, LKey: r.mr.LKey()}}, RemoteAddr: 0x1000, RKey: 0x1234})
+		require.NoError(t, err)
+		ps := r.sent()
+		require.Len(t, ps, 1)
+		require.Equal(t, wire.PSN(5000), ps[0].PSN())
+		require.NoError(t, r.qp.Modify(&QPAttr{State: QPStateSQD}, QPAttrState))
+		r.ackPkt(wire.SyndromeNAKPSNSeqErr, 5000, 0)
+		ps = r.sent()
+		require.Len(t, ps, 1, "the WRITE is sent again in SQD")
+		require.Equal(t, wire.OpRDMAWriteOnly, ps[0].Opcode())
+		require.Equal(t, wire.PSN(5000), ps[0].PSN())
+		r.ackPkt(wire.SyndromeACK, 5000, 1)
+		wcs := r.poll()
+		require.Len(t, wcs, 1)
+		require.Equal(t, WCSuccess, wcs[0].Status)
+	})
+}
+
+// TestSQDRetransmitsAfterTimeout: as above, with the WRITE lost and no NAK:
+// the local ACK timeout fires in SQD and the WRITE goes again.
+func TestSQDRetransmitsAfterTimeout(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := newSyncRig(t)
+		_, err := r.qp.PostSend(SendWR{WRID: 1, Opcode: WRRDMAWrite, Flags: SendSignaled,
+			SGL: []SGE{{Addr: r.mr.Addr(), Length: 8, LKey: r.mr.LKey()}}, RemoteAddr: 0x1000, RKey: 0x1234})
+		require.NoError(t, err)
+		require.Len(t, r.sent(), 1)
+		require.NoError(t, r.qp.Modify(&QPAttr{State: QPStateSQD}, QPAttrState))
+		time.Sleep(r.qp.timeoutDuration() + time.Microsecond)
+		ps := r.sent()
+		require.Len(t, ps, 1, "the WRITE is sent again after the timeout in SQD")
+		require.Equal(t, wire.PSN(5000), ps[0].PSN())
+	})
+}
