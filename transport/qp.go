@@ -492,6 +492,7 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 	qp.rq.Unlock()
 	qp.sq.Unlock()
 	if flush {
+		qp.flushRespRecvLocked() // respMu is held (above)
 		qp.flush()
 	}
 	if next == QPStateRTS {
@@ -537,7 +538,9 @@ func (w *sendWQE) reset() {
 // WR_FLUSH_ERR). Called by the engine on a fatal error.
 func (qp *QP) enterError() {
 	if qp.setError() {
+		qp.releaseResp() // the receive WQE in use completes first
 		qp.flush()
+		return
 	}
 	qp.releaseResp()
 }

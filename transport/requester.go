@@ -38,8 +38,8 @@ func (qp *QP) runRequester(b *txBatch) bool {
 		more = true
 	}
 	if fatal {
+		qp.releaseResp() // the receive WQE in use completes first
 		qp.flush()
-		qp.releaseResp()
 	}
 	if lw.inv != nil {
 		// An invalidation waits for the placements in flight without
@@ -385,8 +385,8 @@ func (qp *QP) onTimer() {
 		qp.fail(qp.oldest(), WCRetryExcErr)
 		qp.fatal = false
 		qp.sq.Unlock()
+		qp.releaseResp() // the receive WQE in use completes first
 		qp.flush()
-		qp.releaseResp()
 		return
 	}
 	if c.retryCnt != 7 {

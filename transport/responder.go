@@ -570,6 +570,24 @@ func (qp *QP) releaseRespLocked() {
 		qp.dev.place.End(&r.readCur)
 	}
 	r.inMsg = false
+	if qp.State() == QPStateErr {
+		qp.flushRespRecvLocked()
+	}
+}
+
+// flushRespRecvLocked completes the receive WQE a SEND in progress had
+// taken from the receive queue with WR_FLUSH_ERR: in ERR every posted
+// receive WR completes (IBTA 10.3.1, 11.4), and this one is no longer in
+// the queue that flush empties. It is the oldest, so it goes first.
+// Caller holds respMu.
+func (qp *QP) flushRespRecvLocked() {
+	r := &qp.resp
+	if !r.haveRecv {
+		return
+	}
+	r.haveRecv = false
+	wc := WC{WRID: r.recv.wrid, Status: WCWRFlushErr, Opcode: WCRecv, QPN: qpnOf(qp.qpn)}
+	qp.pushWC(qp.recvCQ, &wc)
 }
 
 // releaseResp is releaseRespLocked for callers outside the receive loop.

@@ -119,3 +119,32 @@ func TestSQDRetransmitsAfterTimeout(t *testing.T) {
 		require.Equal(t, wire.PSN(5000), ps[0].PSN())
 	})
 }
+
+// TestErrorFlushesReceiveWQEInProgress: a multi-packet SEND has begun
+// filling a receive WQE when the QP is moved to ERR. Every posted receive
+// WR must complete (IBTA 10.3.1 / 11.4: in the Error state outstanding WRs
+// complete with WR_FLUSH_ERR); the one the responder had taken from the
+// queue used to vanish without a completion.
+func TestErrorFlushesReceiveWQEInProgress(t *testing.T) {
+	for _, how := range []string{"modify", "retry-exceeded"} {
+		t.Run(how, func(t *testing.T) {
+			r := newResponderRig(t)
+			_, err := r.qp.PostRecv(RecvWR{WRID: 7, SGL: []SGE{{Addr: r.mr.Addr(), Length: 4096, LKey: r.mr.LKey()}}},
+				RecvWR{WRID: 8, SGL: []SGE{{Addr: r.mr.Addr(), Length: 4096, LKey: r.mr.LKey()}}})
+			require.NoError(t, err)
+			r.deliver(r.build(wire.OpSendFirst, 1000, make([]byte, rigMTU), false, nil))
+			switch how {
+			case "modify":
+				require.NoError(t, r.qp.Modify(&QPAttr{State: QPStateErr}, QPAttrState))
+			case "retry-exceeded":
+				r.qp.enterError() // what Close, DestroyQP and the requester's fatal errors do
+			}
+			wcs := r.poll()
+			require.Len(t, wcs, 2, "both receive WRs complete")
+			require.Equal(t, uint64(7), wcs[0].WRID, "in order")
+			require.Equal(t, WCWRFlushErr, wcs[0].Status)
+			require.Equal(t, uint64(8), wcs[1].WRID)
+			require.Equal(t, WCWRFlushErr, wcs[1].Status)
+		})
+	}
+}
