@@ -461,11 +461,10 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 	}
 	if mask&QPAttrMaxDestRdAtomic != 0 {
 		a.MaxDestRdAtomic = attr.MaxDestRdAtomic
-		n := int(attr.MaxDestRdAtomic)
-		if n == 0 {
-			n = 1
-		}
-		qp.resp.res = make([]rdRes, n)
+		// None with 0: READ and atomic requests are then NAKed
+		// (respond, CHK_RESOURCE).
+		qp.resp.res = make([]rdRes, attr.MaxDestRdAtomic)
+		qp.resp.resNext = 0
 	}
 	if mask&QPAttrMinRNRTimer != 0 {
 		a.MinRNRTimer = attr.MinRNRTimer

@@ -59,6 +59,16 @@ func (qp *QP) respond(p *wire.Packet, path *path, b *txBatch) {
 		return
 	}
 
+	// CHK_RESOURCE: a READ or atomic needs a responder resource; with
+	// max_dest_rd_atomic 0 there is none and the request is an invalid
+	// request, a class C error (IBTA 9.9.3; rxe check_resource:
+	// RESPST_ERR_TOO_MANY_RDMA_ATM_REQ). Beyond that the resources are a
+	// ring: the requester keeps within max_dest_rd_atomic (rxe likewise).
+	if info.Mask&(wire.MaskRead|wire.MaskAtomic) != 0 && len(r.res) == 0 {
+		qp.respError(b, path, DropAccess, wire.SyndromeNAKInvalidRequest, WCRemInvReqErr)
+		return
+	}
+
 	// CHK_RESOURCE: a receive WQE for a SEND's first packet or a WRITE with
 	// immediate's last; without one, RNR NAK (IBTA 9.7.5.2.8).
 	if info.Mask&wire.MaskRWR != 0 && !r.haveRecv {

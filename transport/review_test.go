@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/softrdma/softrdma/stag"
 	"github.com/softrdma/softrdma/transport/conn"
 	"github.com/softrdma/softrdma/transport/wire"
 )
@@ -145,6 +146,44 @@ func TestErrorFlushesReceiveWQEInProgress(t *testing.T) {
 			require.Equal(t, WCWRFlushErr, wcs[0].Status)
 			require.Equal(t, uint64(8), wcs[1].WRID)
 			require.Equal(t, WCWRFlushErr, wcs[1].Status)
+		})
+	}
+}
+
+// TestResponderWithoutRdAtomicResourcesNAKs: a QP whose max_dest_rd_atomic
+// is 0 has no responder resources for RDMA READ or atomics; such a request
+// is answered with NAK invalid request and the QP goes to ERR (a class C
+// error, IBTA 9.9.3; rxe check_resource: RESPST_ERR_TOO_MANY_RDMA_ATM_REQ ->
+// do_class_ac_error(NAK_INVALID_REQ)). It used to be executed with one
+// resource.
+func TestResponderWithoutRdAtomicResourcesNAKs(t *testing.T) {
+	for _, op := range []wire.Opcode{wire.OpRDMAReadRequest, wire.OpFetchAdd} {
+		t.Run(op.String(), func(t *testing.T) {
+			r := newResponderRig(t)
+			qp := r.qp
+			require.NoError(t, qp.Modify(&QPAttr{State: QPStateReset}, QPAttrState))
+			require.NoError(t, qp.Modify(&QPAttr{State: QPStateInit, Port: 1,
+				AccessFlags: stag.AccessRemoteWrite | stag.AccessRemoteRead | stag.AccessRemoteAtomic},
+				QPAttrState|QPAttrPKeyIndex|QPAttrPort|QPAttrAccessFlags))
+			require.NoError(t, qp.Modify(&QPAttr{State: QPStateRTR, Dest: r.from, PathMTU: MTU1024, DestQPN: r.peerQP,
+				RQPSN: 1000, MaxDestRdAtomic: 0, MinRNRTimer: 1},
+				QPAttrState|QPAttrAV|QPAttrPathMTU|QPAttrDestQPN|QPAttrRQPSN|QPAttrMaxDestRdAtomic|QPAttrMinRNRTimer))
+			var f func([]byte, *wire.OpInfo)
+			if op == wire.OpRDMAReadRequest {
+				f = r.reth(r.mr.Addr(), r.mr.RKey(), 8)
+			} else {
+				f = func(b []byte, info *wire.OpInfo) {
+					wire.AtomicETH(b[info.Offset[wire.HdrAtomicETH]:]).Encode(&wire.AtomicETHFields{VA: r.mr.Addr(), RKey: r.mr.RKey(), SwapAdd: 1})
+				}
+			}
+			before := r.mem[rigGuard]
+			r.deliver(r.build(op, 1000, nil, true, f))
+			gotOp, syn, psn := r.answer()
+			require.Equal(t, wire.OpAcknowledge, gotOp)
+			require.Equal(t, wire.SyndromeNAKInvalidRequest, syn)
+			require.Equal(t, wire.PSN(1000), psn)
+			require.Equal(t, before, r.mem[rigGuard], "not executed")
+			require.Equal(t, QPStateErr, qp.State())
 		})
 	}
 }
