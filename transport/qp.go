@@ -341,6 +341,12 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 		qp.respMu.Lock()
 		defer qp.respMu.Unlock()
 		qp.releaseRespLocked()
+	} else if mask&(QPAttrMaxDestRdAtomic|QPAttrRQPSN) != 0 {
+		// They change the responder's state, which the receive loop
+		// uses under respMu: in SQD (SQD -> SQD may change
+		// max_dest_rd_atomic) the responder is running.
+		qp.respMu.Lock()
+		defer qp.respMu.Unlock()
 	}
 	if mask&QPAttrState != 0 && next != QPStateReset && next != QPStateErr {
 		if !allowed[[2]QPState{cur, next}] {

@@ -187,3 +187,53 @@ func TestResponderWithoutRdAtomicResourcesNAKs(t *testing.T) {
 		})
 	}
 }
+
+// TestModifyMaxDestRdAtomicWhileResponding: SQD -> SQD may change
+// max_dest_rd_atomic (IBTA 10.3.1 Table 91, ib_modify_qp_is_ok) while the
+// responder keeps answering requests (SQD drains the send queue only). The
+// responder's resource ring is replaced under the receive loop: Modify
+// must hold respMu for it (run with -race).
+func TestModifyMaxDestRdAtomicWhileResponding(t *testing.T) {
+	r := newResponderRig(t)
+	require.NoError(t, r.qp.Modify(&QPAttr{State: QPStateSQD}, QPAttrState))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range 2000 {
+			require.NoError(t, r.qp.Modify(&QPAttr{State: QPStateSQD, MaxDestRdAtomic: uint8(1 + i%4)}, QPAttrState|QPAttrMaxDestRdAtomic))
+		}
+	}()
+	psn := wire.PSN(1000)
+	for range 2000 {
+		r.deliver(r.build(wire.OpRDMAReadRequest, psn, nil, true, r.reth(r.mr.Addr(), r.mr.RKey(), 8)))
+		op, _, _ := r.answer()
+		require.Equal(t, wire.OpRDMAReadResponseOnly, op)
+		psn = psn.Add(1)
+	}
+	<-done
+}
+
+// TestModifyShrinkingMaxDestRdAtomic: three READs use responder resources
+// 0-2 of 4, then SQD -> SQD sets max_dest_rd_atomic 1. The next READ must
+// take the one resource there is (it indexed the new ring with the old
+// ring's next slot, 3, and the receive loop panicked).
+func TestModifyShrinkingMaxDestRdAtomic(t *testing.T) {
+	r := newResponderRig(t)
+	require.NoError(t, r.qp.Modify(&QPAttr{State: QPStateSQD}, QPAttrState))
+	psn := wire.PSN(1000)
+	read := func() {
+		r.deliver(r.build(wire.OpRDMAReadRequest, psn, nil, true, r.reth(r.mr.Addr(), r.mr.RKey(), 8)))
+		op, _, got := r.answer()
+		require.Equal(t, wire.OpRDMAReadResponseOnly, op)
+		require.Equal(t, psn, got)
+		psn = psn.Add(1)
+	}
+	for range 3 {
+		read()
+	}
+	require.NoError(t, r.qp.Modify(&QPAttr{State: QPStateSQD, MaxDestRdAtomic: 1}, QPAttrState|QPAttrMaxDestRdAtomic))
+	read()
+	// The duplicate of the last READ is answered from the one resource.
+	psn = psn.Sub(1)
+	read()
+}
