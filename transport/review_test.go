@@ -237,3 +237,36 @@ func TestModifyShrinkingMaxDestRdAtomic(t *testing.T) {
 	psn = psn.Sub(1)
 	read()
 }
+
+// TestReceiveCQOverrunMovesQPToError: a SEND whose receive completion
+// finds the receive CQ full. The CQ goes to its error state, and the QP
+// that overran it to ERR (rxe: RESPST_ERR_CQ_OVERFLOW, "All - Class G" ->
+// RESPST_ERROR); the SEND is not acknowledged. The QP stayed in RTS and
+// acknowledged a SEND whose completion was lost.
+func TestReceiveCQOverrunMovesQPToError(t *testing.T) {
+	for _, op := range []wire.Opcode{wire.OpSendOnly, wire.OpRDMAWriteOnlyWithImmediate} {
+		t.Run(op.String(), func(t *testing.T) {
+			r := newResponderRig(t)
+			r.qp.recvCQ = NewCQ(1)
+			_, err := r.qp.PostRecv(RecvWR{WRID: 1, SGL: []SGE{{Addr: r.mr.Addr(), Length: 64, LKey: r.mr.LKey()}}},
+				RecvWR{WRID: 2, SGL: []SGE{{Addr: r.mr.Addr(), Length: 64, LKey: r.mr.LKey()}}})
+			require.NoError(t, err)
+			var f func([]byte, *wire.OpInfo)
+			if op == wire.OpRDMAWriteOnlyWithImmediate {
+				f = r.reth(r.mr.Addr(), r.mr.RKey(), 8)
+			}
+			r.deliver(r.build(op, 1000, make([]byte, 8), true, f))
+			gotOp, syn, psn := r.answer()
+			require.Equal(t, wire.OpAcknowledge, gotOp)
+			require.Equal(t, wire.SyndromeACK, syn)
+			require.Equal(t, wire.PSN(1000), psn)
+			sent := r.d.counters.SentPkts.Load()
+			r.deliver(r.build(op, 1001, make([]byte, 8), true, f))
+			require.Equal(t, uint64(1), r.d.counters.CQOverruns.Load())
+			require.Equal(t, QPStateErr, r.qp.State(), "the QP that overran its CQ")
+			require.Equal(t, sent, r.d.counters.SentPkts.Load(), "the SEND is not acknowledged")
+			_, err = r.qp.recvCQ.Poll(make([]WC, 4))
+			require.ErrorIs(t, err, ErrCQOverrun)
+		})
+	}
+}
