@@ -32,6 +32,10 @@ const (
 	// of a long message as well as on the last, so the window keeps moving
 	// (rxe: RXE_MAX_PKT_PER_ACK).
 	AckEveryNPackets = 64
+	// maxOutstandingPSNs bounds the PSNs outstanding at once (a READ's
+	// responses included), exclusive: the signed 24-bit PSN distance
+	// orders only PSNs less than 2^23 apart.
+	maxOutstandingPSNs = 1 << 23
 	// requesterBudget is the number of packets one requester run may send
 	// before yielding to other QPs.
 	requesterBudget = 128
@@ -746,6 +750,14 @@ func (qp *QP) postSendLocked(wr *SendWR) error {
 	}
 	if err := qp.checkWRLength(total); err != nil {
 		return err
+	}
+	if wr.Opcode == WRRDMARead && qp.typ == QPTypeRC {
+		// A READ's responses take one PSN each, all outstanding at once;
+		// PSN comparisons order at most half the 24-bit space.
+		if mtu := qp.path.Load().mtu; packetsFor(total, mtu) >= maxOutstandingPSNs {
+			return fmt.Errorf("%w: an RDMA READ of %d bytes takes %d response PSNs at path MTU %d, at most %d may be outstanding",
+				ErrBadSGE, total, packetsFor(total, mtu), mtu, maxOutstandingPSNs-1)
+		}
 	}
 	w := &qp.sq.wqe[qp.sq.head%uint64(len(qp.sq.wqe))]
 	w.reset()

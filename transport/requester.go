@@ -76,6 +76,7 @@ func (qp *QP) runRequesterLocked(b *txBatch) bool {
 	sentAny := false
 	budget := requesterBudget
 	more := false
+loop:
 	for r.idx < qp.sq.head {
 		if budget == 0 || b.full() {
 			more = true
@@ -125,6 +126,11 @@ func (qp *QP) runRequesterLocked(b *txBatch) bool {
 		}
 		switch op {
 		case WRRDMARead:
+			if n := packetsFor(w.length-r.offset, mtu); int64(qp.comp.psn.Distance(r.psn))+int64(n) >= maxOutstandingPSNs {
+				// Its responses would put more than half the PSN space
+				// in flight: wait for what is outstanding.
+				break loop
+			}
 			qp.sendReadRequest(b, path, w)
 			budget--
 			r.idx++
