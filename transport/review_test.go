@@ -270,3 +270,32 @@ func TestReceiveCQOverrunMovesQPToError(t *testing.T) {
 		})
 	}
 }
+
+// TestReceiveCQOverrunMovesUCAndUDQPToError: as
+// TestReceiveCQOverrunMovesQPToError on the unreliable services (rxe's
+// class G is "All").
+func TestReceiveCQOverrunMovesUCAndUDQPToError(t *testing.T) {
+	for _, typ := range []QPType{QPTypeUC, QPTypeUD} {
+		t.Run(typ.String(), func(t *testing.T) {
+			r := newDGRig(t, typ, conn.PipeConfig{})
+			r.qp.recvCQ = NewCQ(1)
+			r.postRecv(1, 0, 1024)
+			r.postRecv(2, 1024, 1024)
+			pkt := func() []byte {
+				if typ == QPTypeUD {
+					return r.ud(dgQKey, 0x42, []byte("hi"), false)
+				}
+				return r.uc(wire.OpSendOnly, 1000, []byte("hi"), nil)
+			}
+			r.deliver(pkt())
+			require.Equal(t, QPStateRTS, r.qp.State())
+			if typ == QPTypeUC {
+				r.deliver(r.uc(wire.OpSendOnly, 1001, []byte("hi"), nil))
+			} else {
+				r.deliver(pkt())
+			}
+			require.Equal(t, uint64(1), r.d.counters.CQOverruns.Load())
+			require.Equal(t, QPStateErr, r.qp.State())
+		})
+	}
+}
