@@ -17,8 +17,8 @@ func (qp *QP) completeRecv(p *wire.Packet, path *path) {
 	qp.fatal = false
 	qp.sq.Unlock()
 	if fatal {
+		qp.releaseResp() // the receive WQE in use completes first
 		qp.flush()
-		qp.releaseResp()
 		return
 	}
 	if kick {

@@ -9,7 +9,9 @@ import (
 // CQ is a completion queue (ibv_cq): a ring of at most depth WCs. When a
 // completion arrives at a full CQ, the CQ enters the error state and every
 // later Poll returns ErrCQOverrun, as IBTA 11.4.2.1 requires (a CQ overrun
-// is an affiliated asynchronous error; no completion is overwritten).
+// is an affiliated asynchronous error; no completion is overwritten). A
+// QP whose receive completion overran its CQ moves to ERR, and an RC
+// responder does not acknowledge the request (rxe's class G error).
 //
 // CQ is safe for concurrent use.
 type CQ struct {

@@ -32,6 +32,10 @@ const (
 	// of a long message as well as on the last, so the window keeps moving
 	// (rxe: RXE_MAX_PKT_PER_ACK).
 	AckEveryNPackets = 64
+	// maxOutstandingPSNs bounds the PSNs outstanding at once (a READ's
+	// responses included), exclusive: the signed 24-bit PSN distance
+	// orders only PSNs less than 2^23 apart.
+	maxOutstandingPSNs = 1 << 23
 	// requesterBudget is the number of packets one requester run may send
 	// before yielding to other QPs.
 	requesterBudget = 128
@@ -341,6 +345,12 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 		qp.respMu.Lock()
 		defer qp.respMu.Unlock()
 		qp.releaseRespLocked()
+	} else if mask&(QPAttrMaxDestRdAtomic|QPAttrRQPSN) != 0 {
+		// They change the responder's state, which the receive loop
+		// uses under respMu: in SQD (SQD -> SQD may change
+		// max_dest_rd_atomic) the responder is running.
+		qp.respMu.Lock()
+		defer qp.respMu.Unlock()
 	}
 	if mask&QPAttrState != 0 && next != QPStateReset && next != QPStateErr {
 		if !allowed[[2]QPState{cur, next}] {
@@ -461,11 +471,10 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 	}
 	if mask&QPAttrMaxDestRdAtomic != 0 {
 		a.MaxDestRdAtomic = attr.MaxDestRdAtomic
-		n := int(attr.MaxDestRdAtomic)
-		if n == 0 {
-			n = 1
-		}
-		qp.resp.res = make([]rdRes, n)
+		// None with 0: READ and atomic requests are then NAKed
+		// (respond, CHK_RESOURCE).
+		qp.resp.res = make([]rdRes, attr.MaxDestRdAtomic)
+		qp.resp.resNext = 0
 	}
 	if mask&QPAttrMinRNRTimer != 0 {
 		a.MinRNRTimer = attr.MinRNRTimer
@@ -492,6 +501,7 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 	qp.rq.Unlock()
 	qp.sq.Unlock()
 	if flush {
+		qp.flushRespRecvLocked() // respMu is held (above)
 		qp.flush()
 	}
 	if next == QPStateRTS {
@@ -537,7 +547,9 @@ func (w *sendWQE) reset() {
 // WR_FLUSH_ERR). Called by the engine on a fatal error.
 func (qp *QP) enterError() {
 	if qp.setError() {
+		qp.releaseResp() // the receive WQE in use completes first
 		qp.flush()
+		return
 	}
 	qp.releaseResp()
 }
@@ -738,6 +750,14 @@ func (qp *QP) postSendLocked(wr *SendWR) error {
 	}
 	if err := qp.checkWRLength(total); err != nil {
 		return err
+	}
+	if wr.Opcode == WRRDMARead && qp.typ == QPTypeRC {
+		// A READ's responses take one PSN each, all outstanding at once;
+		// PSN comparisons order at most half the 24-bit space.
+		if mtu := qp.path.Load().mtu; packetsFor(total, mtu) >= maxOutstandingPSNs {
+			return fmt.Errorf("%w: an RDMA READ of %d bytes takes %d response PSNs at path MTU %d, at most %d may be outstanding",
+				ErrBadSGE, total, packetsFor(total, mtu), mtu, maxOutstandingPSNs-1)
+		}
 	}
 	w := &qp.sq.wqe[qp.sq.head%uint64(len(qp.sq.wqe))]
 	w.reset()

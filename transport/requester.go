@@ -38,8 +38,8 @@ func (qp *QP) runRequester(b *txBatch) bool {
 		more = true
 	}
 	if fatal {
+		qp.releaseResp() // the receive WQE in use completes first
 		qp.flush()
-		qp.releaseResp()
 	}
 	if lw.inv != nil {
 		// An invalidation waits for the placements in flight without
@@ -62,8 +62,8 @@ func (qp *QP) runRequesterLocked(b *txBatch) bool {
 	if (st != QPStateRTS && st != QPStateSQD) || qp.comp.rnrWait {
 		return false
 	}
-	// SQD (IBTA 10.3.1 "Send Queue Drain"): finish the message in
-	// progress, start no new one.
+	// SQD (IBTA 10.3.1 "Send Queue Drain"): finish the messages in
+	// progress, retransmissions included; start no new one.
 	draining := st == QPStateSQD
 	path := qp.path.Load()
 	mtu := path.mtu
@@ -76,6 +76,7 @@ func (qp *QP) runRequesterLocked(b *txBatch) bool {
 	sentAny := false
 	budget := requesterBudget
 	more := false
+loop:
 	for r.idx < qp.sq.head {
 		if budget == 0 || b.full() {
 			more = true
@@ -86,7 +87,10 @@ func (qp *QP) runRequesterLocked(b *txBatch) bool {
 		}
 		w := &qp.sq.wqe[r.idx%nslots]
 		op := w.wr.Opcode
-		if draining && r.offset == 0 {
+		if draining && r.offset == 0 && !w.psnSet {
+			// A message never sent does not start; one that was (and
+			// was rewound by go-back-N or a timeout) is sent again: its
+			// completion is part of the drain.
 			break
 		}
 		if isLocalOp(op) {
@@ -122,6 +126,11 @@ func (qp *QP) runRequesterLocked(b *txBatch) bool {
 		}
 		switch op {
 		case WRRDMARead:
+			if n := packetsFor(w.length-r.offset, mtu); int64(qp.comp.psn.Distance(r.psn))+int64(n) >= maxOutstandingPSNs {
+				// Its responses would put more than half the PSN space
+				// in flight: wait for what is outstanding.
+				break loop
+			}
 			qp.sendReadRequest(b, path, w)
 			budget--
 			r.idx++
@@ -382,8 +391,8 @@ func (qp *QP) onTimer() {
 		qp.fail(qp.oldest(), WCRetryExcErr)
 		qp.fatal = false
 		qp.sq.Unlock()
+		qp.releaseResp() // the receive WQE in use completes first
 		qp.flush()
-		qp.releaseResp()
 		return
 	}
 	if c.retryCnt != 7 {

@@ -59,6 +59,16 @@ func (qp *QP) respond(p *wire.Packet, path *path, b *txBatch) {
 		return
 	}
 
+	// CHK_RESOURCE: a READ or atomic needs a responder resource; with
+	// max_dest_rd_atomic 0 there is none and the request is an invalid
+	// request, a class C error (IBTA 9.9.3; rxe check_resource:
+	// RESPST_ERR_TOO_MANY_RDMA_ATM_REQ). Beyond that the resources are a
+	// ring: the requester keeps within max_dest_rd_atomic (rxe likewise).
+	if info.Mask&(wire.MaskRead|wire.MaskAtomic) != 0 && len(r.res) == 0 {
+		qp.respError(b, path, DropAccess, wire.SyndromeNAKInvalidRequest, WCRemInvReqErr)
+		return
+	}
+
 	// CHK_RESOURCE: a receive WQE for a SEND's first packet or a WRITE with
 	// immediate's last; without one, RNR NAK (IBTA 9.7.5.2.8).
 	if info.Mask&wire.MaskRWR != 0 && !r.haveRecv {
@@ -145,16 +155,20 @@ func (qp *QP) execSend(p *wire.Packet, path *path, b *txBatch) bool {
 		if p.Info.Mask&wire.MaskIETH != 0 && !qp.invalidateIETH(p, path, b) {
 			return false // class J error: NAKed, receive completed in error
 		}
-		qp.finishRecv(WCSuccess, r.recvOff, p, path)
+		if !qp.finishRecv(WCSuccess, r.recvOff, p, path) {
+			return false // the receive CQ overran: ERR, not acknowledged
+		}
 	}
 	return true
 }
 
-// finishRecv completes the receive WQE the responder holds.
-func (qp *QP) finishRecv(st WCStatus, n uint64, p *wire.Packet, path *path) {
+// finishRecv completes the receive WQE the responder holds. It reports
+// false when the completion overran the receive CQ: the QP is then in ERR
+// (recvCQOverrun) and the request must not be acknowledged.
+func (qp *QP) finishRecv(st WCStatus, n uint64, p *wire.Packet, path *path) bool {
 	r := &qp.resp
 	if !r.haveRecv {
-		return
+		return true
 	}
 	r.haveRecv = false
 	wc := WC{WRID: r.recv.wrid, Status: st, Opcode: WCRecv, ByteLen: uint32(n),
@@ -173,7 +187,22 @@ func (qp *QP) finishRecv(st WCStatus, n uint64, p *wire.Packet, path *path) {
 			wc.Opcode = WCRecvRDMAWithImm
 		}
 	}
-	qp.pushWC(qp.recvCQ, &wc)
+	if !qp.recvCQ.push(&wc) {
+		qp.dev.counters.CQOverruns.Add(1)
+		qp.recvCQOverrun()
+		return false
+	}
+	return true
+}
+
+// recvCQOverrun moves the QP whose receive completion overran its CQ to
+// ERR (rxe RESPST_ERR_CQ_OVERFLOW, "All - Class G"; IBTA 11.4.2.1: the
+// completion is lost, so the QP cannot go on). Caller holds respMu.
+func (qp *QP) recvCQOverrun() {
+	qp.releaseRespLocked()
+	if qp.setError() {
+		qp.flush()
+	}
 }
 
 // execWrite places an RDMA WRITE packet: the RETH of a FIRST or ONLY is
@@ -232,8 +261,7 @@ func (qp *QP) execWrite(p *wire.Packet, path *path, b *txBatch) bool {
 			return false
 		}
 	}
-	qp.endWritePacket(p, path, n)
-	return true
+	return qp.endWritePacket(p, path, n)
 }
 
 // pageFault handles a WouldFault of an RDMA WRITE packet of n bytes at the
@@ -308,20 +336,22 @@ func (qp *QP) odpRNR(b *txBatch, path *path, psn wire.PSN) {
 // endWritePacket advances the RDMA WRITE message in progress by the n
 // bytes just placed and, on its LAST or ONLY packet, ends it: the cursor
 // is released, rdma_recvs counted, and a WRITE with immediate completes
-// its receive WQE. RC and UC share it.
-func (qp *QP) endWritePacket(p *wire.Packet, path *path, n uint64) {
+// its receive WQE. RC and UC share it. It reports false when that
+// completion overran the receive CQ (finishRecv).
+func (qp *QP) endWritePacket(p *wire.Packet, path *path, n uint64) bool {
 	r := &qp.resp
 	r.wdone += n
 	if p.Info.Mask&wire.MaskLast == 0 {
-		return
+		return true
 	}
 	if r.wlen > 0 {
 		qp.dev.place.End(&r.cur)
 	}
 	qp.dev.counters.RDMARecvs.Add(1)
 	if p.Info.Mask&wire.MaskImmDt != 0 {
-		qp.finishRecv(WCSuccess, r.wlen, p, path)
+		return qp.finishRecv(WCSuccess, r.wlen, p, path)
 	}
+	return true
 }
 
 // execRead executes an RDMA READ request: it saves a responder resource
@@ -570,6 +600,24 @@ func (qp *QP) releaseRespLocked() {
 		qp.dev.place.End(&r.readCur)
 	}
 	r.inMsg = false
+	if qp.State() == QPStateErr {
+		qp.flushRespRecvLocked()
+	}
+}
+
+// flushRespRecvLocked completes the receive WQE a SEND in progress had
+// taken from the receive queue with WR_FLUSH_ERR: in ERR every posted
+// receive WR completes (IBTA 10.3.1, 11.4), and this one is no longer in
+// the queue that flush empties. It is the oldest, so it goes first.
+// Caller holds respMu.
+func (qp *QP) flushRespRecvLocked() {
+	r := &qp.resp
+	if !r.haveRecv {
+		return
+	}
+	r.haveRecv = false
+	wc := WC{WRID: r.recv.wrid, Status: WCWRFlushErr, Opcode: WCRecv, QPN: qpnOf(qp.qpn)}
+	qp.pushWC(qp.recvCQ, &wc)
 }
 
 // releaseResp is releaseRespLocked for callers outside the receive loop.

@@ -342,7 +342,7 @@ func (qp *QP) execSendUC(p *wire.Packet, path *path) bool {
 	}
 	r.recvOff += n
 	if p.Info.Mask&wire.MaskLast != 0 {
-		qp.finishRecv(WCSuccess, r.recvOff, p, path)
+		return qp.finishRecv(WCSuccess, r.recvOff, p, path)
 	}
 	return true
 }
@@ -399,6 +399,5 @@ func (qp *QP) execWriteUC(p *wire.Packet, path *path) bool {
 			return false
 		}
 	}
-	qp.endWritePacket(p, path, n)
-	return true
+	return qp.endWritePacket(p, path, n)
 }

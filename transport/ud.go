@@ -314,7 +314,10 @@ func (qp *QP) respondUD(p *wire.Packet, pkt *conn.Packet, path *path) {
 		wc.Flags |= WCWithImm
 		wc.ImmData = p.ImmDt().Imm()
 	}
-	qp.pushWC(qp.recvCQ, &wc)
+	if !qp.recvCQ.push(&wc) {
+		qp.dev.counters.CQOverruns.Add(1)
+		qp.recvCQOverrun() // class G, as RC and UC
+	}
 }
 
 // putGRH writes into grh the GRH area of a UD receive for a packet of

@@ -1,0 +1,139 @@
+package transport
+
+// Behaviour the transport review checked against IBTA Vol 1 chapter 9 and
+// rxe and found conforming; kept as regression tests.
+
+import (
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/softrdma/softrdma/transport/wire"
+)
+
+// A duplicate READ re-requesting from its second response PSN (the rest
+// of the READ, IBTA 9.7.5.1.4) is answered from that PSN, and the expected
+// PSN stays after the READ.
+func TestDuplicateReadFromTheMiddleRestartsThere(t *testing.T) {
+	r := newResponderRig(t)
+	for i := range 3000 {
+		r.mem[rigGuard+i] = byte(i * 7)
+	}
+	r.deliver(r.build(wire.OpRDMAReadRequest, 1000, nil, true, r.reth(r.mr.Addr(), r.mr.RKey(), 3000)))
+	for i := range 3 {
+		_, _, psn := r.answer()
+		require.Equal(t, wire.PSN(1000+i), psn)
+	}
+	r.deliver(r.build(wire.OpRDMAReadRequest, 1001, nil, true, r.reth(r.mr.Addr()+1024, r.mr.RKey(), 3000-1024)))
+	op, _, psn := r.answer()
+	require.Equal(t, wire.OpRDMAReadResponseFirst, op)
+	require.Equal(t, wire.PSN(1001), psn)
+	op, _, psn = r.answer()
+	require.Equal(t, wire.OpRDMAReadResponseLast, op)
+	require.Equal(t, wire.PSN(1002), psn)
+	// Next new request still at 1003.
+	r.deliver(r.build(wire.OpRDMAWriteOnly, 1003, []byte{1}, true, r.reth(r.mr.Addr(), r.mr.RKey(), 1)))
+	op, syn, psn := r.answer()
+	require.Equal(t, wire.OpAcknowledge, op)
+	require.Equal(t, wire.SyndromeACK, syn)
+	require.Equal(t, wire.PSN(1003), psn)
+}
+
+// An ACK past a READ whose response was lost is an implied NAK (IBTA
+// 9.7.5.1.2; rxe): the READ is requested again and nothing completes.
+func TestACKPastAReadIsAnImpliedNAK(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := newSyncRig(t)
+		_, err := r.qp.PostSend(
+			SendWR{WRID: 1, Opcode: WRRDMARead, Flags: SendSignaled, SGL: []SGE{{Addr: r.mr.Addr(), Length: 8, LKey: r.mr.LKey()}}, RemoteAddr: 0x1000, RKey: 0x1234},
+			SendWR{WRID: 2, Opcode: WRRDMAWrite, Flags: SendSignaled, SGL: []SGE{{Addr: r.mr.Addr(), Length: 8, LKey: r.mr.LKey()}}, RemoteAddr: 0x1000, RKey: 0x1234})
+		require.NoError(t, err)
+		ps := r.sent()
+		require.Len(t, ps, 2)
+		r.ackPkt(wire.SyndromeACK, 5001, 2) // the READ response was lost
+		ps = r.sent()
+		require.NotEmpty(t, ps)
+		require.Equal(t, wire.OpRDMAReadRequest, ps[0].Opcode())
+		require.Equal(t, wire.PSN(5000), ps[0].PSN())
+		require.Empty(t, r.poll(), "no completion: the READ has no data")
+	})
+}
+
+// The RNR NAK's timer field is honoured to the nanosecond (IBTA Table
+// 45, code 14 = 1.28 ms).
+func TestRNRNAKTimerCode14(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := newSyncRig(t)
+		_, err := r.qp.PostSend(SendWR{WRID: 1, Opcode: WRRDMAWrite, Flags: SendSignaled,
+			SGL: []SGE{{Addr: r.mr.Addr(), Length: 8, LKey: r.mr.LKey()}}, RemoteAddr: 0x1000, RKey: 0x1234})
+		require.NoError(t, err)
+		require.Len(t, r.sent(), 1)
+		r.ackPkt(wire.RNRNAK(14), 5000, 0)
+		time.Sleep(1280*time.Microsecond - time.Nanosecond)
+		require.Empty(t, r.sent())
+		time.Sleep(time.Nanosecond)
+		ps := r.sent()
+		require.Len(t, ps, 1)
+		require.Equal(t, wire.PSN(5000), ps[0].PSN())
+	})
+}
+
+// A multi-packet WRITE across the 24-bit PSN wrap: a sequence NAK for
+// 0xFFFFFF goes back to the MIDDLE packet, an ACK of PSN 0 completes it.
+func TestGoBackNAcrossPSNWrap(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := newSyncRig(t)
+		r.qp.sq.Lock() // sq_psn 0xFFFFFE, as Modify sets it
+		r.qp.attr.SQPSN = 0xfffffe
+		r.qp.req.psn, r.qp.comp.psn = 0xfffffe, 0xfffffe
+		r.qp.sq.Unlock()
+		_, err := r.qp.PostSend(SendWR{WRID: 1, Opcode: WRRDMAWrite, Flags: SendSignaled,
+			SGL: []SGE{{Addr: r.mr.Addr(), Length: 3 * 1024, LKey: r.mr.LKey()}}, RemoteAddr: 0x1000, RKey: 0x1234})
+		require.NoError(t, err)
+		ps := r.sent()
+		require.Len(t, ps, 3)
+		require.Equal(t, wire.PSN(0), ps[2].PSN())
+		r.ackPkt(wire.SyndromeNAKPSNSeqErr, 0xffffff, 0)
+		ps = r.sent()
+		require.Len(t, ps, 2)
+		require.Equal(t, wire.PSN(0xffffff), ps[0].PSN())
+		require.Equal(t, wire.OpRDMAWriteMiddle, ps[0].Opcode())
+		r.ackPkt(wire.SyndromeACK, 0, 1)
+		wcs := r.poll()
+		require.Len(t, wcs, 1)
+		require.Equal(t, WCSuccess, wcs[0].Status)
+	})
+}
+
+// A duplicate atomic is answered from its saved result and not executed
+// again (IBTA 9.4.5, o9-31); once the resource ring has reused its slot the
+// duplicate is dropped (rxe: class D, dropped).
+func TestDuplicateAtomicReplayedThenDroppedAfterRingWrap(t *testing.T) {
+	r := newResponderRig(t)
+	fa := func(b []byte, info *wire.OpInfo) {
+		wire.AtomicETH(b[info.Offset[wire.HdrAtomicETH]:]).Encode(&wire.AtomicETHFields{VA: r.mr.Addr(), RKey: r.mr.RKey(), SwapAdd: 1})
+	}
+	atomic := r.build(wire.OpFetchAdd, 1000, nil, true, fa)
+	r.deliver(atomic)
+	op, _, psn := r.answer()
+	require.Equal(t, wire.OpAtomicAcknowledge, op)
+	require.Equal(t, wire.PSN(1000), psn)
+	v := append([]byte(nil), r.mem[rigGuard:rigGuard+8]...)
+	for p := wire.PSN(1001); p < 1004; p++ {
+		r.deliver(r.build(wire.OpRDMAReadRequest, p, nil, true, r.reth(r.mr.Addr()+64, r.mr.RKey(), 8)))
+		r.answer()
+	}
+	r.deliver(atomic)
+	op, _, psn = r.answer()
+	require.Equal(t, wire.OpAtomicAcknowledge, op)
+	require.Equal(t, wire.PSN(1000), psn)
+	require.Equal(t, v, r.mem[rigGuard:rigGuard+8])
+	r.deliver(r.build(wire.OpRDMAReadRequest, 1004, nil, true, r.reth(r.mr.Addr()+64, r.mr.RKey(), 8)))
+	r.answer()
+	stale := r.drops(DropStaleDuplicate)
+	r.deliver(atomic)
+	require.Equal(t, stale+1, r.drops(DropStaleDuplicate))
+	require.Equal(t, v, r.mem[rigGuard:rigGuard+8])
+}
