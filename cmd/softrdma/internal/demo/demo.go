@@ -329,8 +329,8 @@ var legend = []struct {
 	{[]string{"retransmits"},
 		"retransmits: request packets sent again, after an RNR NAK, a NAK or a timeout (not an rxe counter)"},
 	{[]string{"drop_unknown_qpn"},
-		"drop_unknown_qpn: a packet for a QP already destroyed, e.g. the ACK of READ's last credit (the client closes its QP\n" +
-			"   without waiting for it); harmless at the end of a transfer"},
+		"drop_unknown_qpn: a packet for a QP already destroyed (late at the end of a transfer: under --impair, a\n" +
+			"   retransmission or duplicate); harmless"},
 }
 
 // printCounters prints the hw_counters that are not zero on either NIC,

@@ -1013,7 +1013,12 @@ func (s *session) runSide(ctx context.Context, size int64, target func() (int64,
 		var snk sink = &patternSink{c: checker{seed: s.p.Seed}}
 		var fsnk *fileSink
 		lenOf := func(int64) int { return int(size) }
+		count := s.p.Iters // messages the source sends (-1: until -D ends)
+		if s.p.Duration > 0 {
+			count = -1
+		}
 		if s.fileSize >= 0 {
+			count = chunks(s.fileSize, size)
 			var w io.Writer
 			if s.out != nil {
 				w = s.out
@@ -1025,7 +1030,7 @@ func (s *session) runSide(ctx context.Context, size int64, target func() (int64,
 		var bw report.BW
 		var err error
 		if s.server {
-			bw, err = s.pull(ctx, size, snk, lenOf)
+			bw, err = s.pull(ctx, size, snk, lenOf, count)
 		} else {
 			bw, err = s.readFetch(ctx, size, snk, s.fileSize)
 		}

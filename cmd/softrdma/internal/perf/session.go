@@ -52,8 +52,8 @@ type session struct {
 	ctx   context.Context // canceled when the control channel closes
 	// runCtx is Run's context: its end is an interrupt (SIGINT, SIGTERM).
 	runCtx context.Context
-	unit  report.Unit
-	json  report.JSON // the report, filled as the run goes
+	unit   report.Unit
+	json   report.JSON // the report, filled as the run goes
 
 	dev    *softrdma.Device
 	ownDev bool

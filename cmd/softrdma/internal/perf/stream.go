@@ -157,7 +157,7 @@ func (s *session) pushRun(ctx context.Context, size int64, src source, count int
 
 // pull is the sink side of a WRITE or SEND stream. lenOf gives the length
 // of message k of a WRITE stream (a SEND's is the receive's byte count).
-func (s *session) pull(ctx context.Context, size int64, snk sink, lenOf func(k int64) int) (report.BW, error) {
+func (s *session) pull(ctx context.Context, size int64, snk sink, lenOf func(k int64) int, count int64) (report.BW, error) {
 	qp := s.qps[0]
 	n := int64(ringSlots(&s.p, size))
 	send := s.test.verb() == verbSend
@@ -232,8 +232,13 @@ func (s *session) pull(ctx context.Context, size int64, snk sink, lenOf func(k i
 			s.idle.Done(consumed)
 		}
 		// One credit per batch of completions; the end of stream is not
-		// credited.
-		if !done && consumed > credited && creditsOut < sq-1 {
+		// credited, and neither is a message once the source can send the
+		// rest and its end of stream without more (credited+n > count): a
+		// credit the source no longer waits for can reach it after its
+		// run ended and its QP is gone (dropped there as for an unknown
+		// QPN). With -D the count is not known (-1) and the last credits
+		// may still arrive late.
+		if !done && consumed > credited && creditsOut < sq-1 && (count < 0 || credited+n <= count) {
 			if err := s.credit(qp, consumed); err != nil {
 				return report.BW{}, err
 			}
@@ -328,7 +333,11 @@ func (s *session) readFetch(ctx context.Context, size int64, snk sink, fileSize 
 	peak := report.NewPeakTracker(size, peakWindow(n, count, 0))
 	start := time.Now()
 	last := start
-	for consumed < count || credited < consumed {
+	// The loop ends once the last credit has completed too: a run that
+	// returned before its ACK came destroyed the QP under it, and the ACK
+	// was dropped at this side as for an unknown QPN (the demo's
+	// drop_unknown_qpn). The peer waits for that credit, so it comes.
+	for consumed < count || credited < consumed || creditsOut > 0 {
 		for posted < published {
 			off := int(posted%n) * int(size)
 			sgl[0] = s.sge(0, off, chunkLen(posted, fileSize, size))
@@ -344,9 +353,6 @@ func (s *session) readFetch(ctx context.Context, size int64, snk sink, fileSize 
 			}
 			credited = consumed
 			creditsOut++
-			if consumed == count {
-				break
-			}
 		}
 		wcs, err := pl.poll(ctx, true)
 		if err != nil {
