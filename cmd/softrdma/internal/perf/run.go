@@ -481,12 +481,25 @@ func (s *session) openOut() error {
 	// The bytes go to a temporary file beside --out, renamed over it only
 	// when the run passed (finishOut): a failed run leaves an existing
 	// --out as it was, and a --file of the same path on this host is not
-	// truncated before the client reads it.
+	// truncated before the client reads it. A symlink stays a symlink (its
+	// target is replaced); a device (--out /dev/null) or any other file
+	// that is not a regular one, or a symlink that leads nowhere yet, is
+	// written in place: a rename would put a regular file in its stead.
+	path := s.o.Out
+	if p, err := filepath.EvalSymlinks(path); err == nil {
+		path = p
+	} else if fi, err := os.Lstat(path); err == nil && fi.Mode()&os.ModeSymlink != 0 {
+		return s.openOutDirect(path, os.O_CREATE)
+	}
 	mode := os.FileMode(0o644)
-	if st, err := os.Stat(s.o.Out); err == nil && st.Mode().IsRegular() {
+	if st, err := os.Stat(path); err == nil {
+		if !st.Mode().IsRegular() {
+			return s.openOutDirect(path, 0)
+		}
 		mode = st.Mode().Perm()
 	}
-	dir, base := filepath.Split(s.o.Out)
+	s.outPath = path
+	dir, base := filepath.Split(path)
 	if dir == "" {
 		dir = "."
 	}
@@ -501,16 +514,34 @@ func (s *session) openOut() error {
 	return nil
 }
 
+// openOutDirect opens --out (path, its symlink resolved if it could be)
+// to be written in place, as a device is.
+func (s *session) openOutDirect(path string, flag int) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC|flag, 0o644)
+	if err != nil {
+		return fmt.Errorf("--out: %w", err)
+	}
+	s.out, s.outDirect = f, true
+	return nil
+}
+
 // finishOut ends --out once the run is over (and s.out closed): on
 // success the temporary file becomes --out; on failure it is removed, and
-// the error says that --out was not written.
+// the error says that --out was not written. An --out written in place
+// (openOutDirect) is left as the run left it.
 func (s *session) finishOut(err error) error {
 	if s.out == nil {
 		return err
 	}
+	if s.outDirect {
+		if err = cmp.Or(err, s.outErr); err != nil {
+			return fmt.Errorf("%w (--out %s was written in place and may hold part of the file)", err, s.o.Out)
+		}
+		return nil
+	}
 	tmp := s.out.Name()
 	if err == nil && s.outErr == nil {
-		if rerr := os.Rename(tmp, s.o.Out); rerr == nil {
+		if rerr := os.Rename(tmp, s.outPath); rerr == nil {
 			return nil
 		} else {
 			err = fmt.Errorf("--out: %w", rerr)

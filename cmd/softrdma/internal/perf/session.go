@@ -73,10 +73,12 @@ type session struct {
 
 	// fileSize is the size of the file moved (-1: none); the file is the
 	// client's for WRITE and SEND, the server's for READ.
-	fileSize int64
-	file     *os.File // the file this side sends, if any
-	out      *os.File // --out's temporary file, if this side receives a file (finishOut)
-	outErr   error    // why out could not be closed
+	fileSize  int64
+	file      *os.File // the file this side sends, if any
+	out       *os.File // --out's temporary file, if this side receives a file (finishOut)
+	outErr    error    // why out could not be closed
+	outPath   string   // what the temporary file replaces: --out, its symlink resolved
+	outDirect bool     // out is --out itself (not a regular file: a device such as /dev/null), written in place
 
 	// The current round.
 	cq      *softrdma.CQ

@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 )
 
 // logRecorder collects what a side logs (its stderr) and passes it on to
@@ -130,6 +131,39 @@ func TestOutWrittenOnlyOnSuccess(t *testing.T) {
 	entries, err = os.ReadDir(dir)
 	require.NoError(t, err)
 	assert.Len(t, entries, 1)
+}
+
+// TestOutKeepsSymlinksAndDevices: --out through a symlink replaces the
+// link's target and leaves the link; --out naming a device (a null device
+// made for the test: the machine's /dev/null is what a failing run would
+// replace) is written in place and stays a device. The rename of the
+// temporary file had replaced both with a regular file.
+func TestOutKeepsSymlinksAndDevices(t *testing.T) {
+	in, sum := writeTestFile(t, 50_000)
+	dir := t.TempDir()
+	target, link := filepath.Join(dir, "target.bin"), filepath.Join(dir, "link.bin")
+	require.NoError(t, os.WriteFile(target, []byte("old"), 0o600))
+	require.NoError(t, os.Symlink("target.bin", link))
+	r := runPair(t, WriteBW, Options{Out: link}, Options{File: in, Params: Params{Size: 4096}})
+	requireOK(t, r)
+	fi, err := os.Lstat(link)
+	require.NoError(t, err)
+	assert.NotZero(t, fi.Mode()&os.ModeSymlink, "--out's symlink was replaced: %v", fi.Mode())
+	assert.Equal(t, sum, sha256File(t, target))
+
+	if os.Geteuid() != 0 {
+		t.Skip("mknod of a null device needs root")
+	}
+	null := filepath.Join(dir, "null")
+	require.NoError(t, unix.Mknod(null, unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))))
+	r = runPair(t, WriteBW, Options{Out: null}, Options{File: in, Params: Params{Size: 4096}})
+	requireOK(t, r)
+	fi, err = os.Lstat(null)
+	require.NoError(t, err)
+	assert.NotZero(t, fi.Mode()&os.ModeCharDevice, "--out's device was replaced: %v", fi.Mode())
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	assert.Len(t, entries, 3, "no temporary file left: %v", entries)
 }
 
 // TestOutOverTheSameFile: a server's --out and a client's --file naming
