@@ -67,11 +67,11 @@ func TestRemoteInvalidateOfBusyWindowChecksQP(t *testing.T) {
 	require.NoError(t, e.DeallocMW(w))
 }
 
-// TestWindowAtomicOnODPFaults: an atomic through a type 1 window onto a
-// page of an ODP MR that is not present faults the page in (FaultRemote,
-// ResolvableRemote: the transport's sync and rnr policies) and executes,
-// as it does through the MR's own rkey.
-func TestWindowAtomicOnODPFaults(t *testing.T) {
+// newODPWindow registers a 2-page ODP MR (LOCAL_WRITE, MW_BIND) on a new
+// address space and allocates a window of type typ in its PD, all torn
+// down at the end of the test.
+func newODPWindow(t *testing.T, typ placement.MWType) (*placement.Engine, *placement.MR, *placement.MW, []byte) {
+	t.Helper()
 	as, err := hostmem.NewAddressSpace(hostmem.Config{Size: 16 << 20})
 	require.NoError(t, err)
 	e := placement.New(placement.Config{AddressSpace: as})
@@ -79,7 +79,7 @@ func TestWindowAtomicOnODPFaults(t *testing.T) {
 	require.NoError(t, err)
 	mr, err := e.RegMR(pd1, buf, stag.AccessLocalWrite|stag.AccessMWBind|stag.AccessOnDemand)
 	require.NoError(t, err)
-	w, err := e.AllocMW(pd1, placement.MWType1)
+	w, err := e.AllocMW(pd1, typ)
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		require.NoError(t, e.DeallocMW(w))
@@ -87,8 +87,17 @@ func TestWindowAtomicOnODPFaults(t *testing.T) {
 		require.NoError(t, as.Free(hostmem.AddrOf(buf), len(buf)))
 		require.NoError(t, as.Close())
 	})
+	return e, mr, w, buf
+}
+
+// TestWindowAtomicOnODPFaults: an atomic through a type 1 window onto a
+// page of an ODP MR that is not present faults the page in (FaultRemote,
+// ResolvableRemote: the transport's sync and rnr policies) and executes,
+// as it does through the MR's own rkey.
+func TestWindowAtomicOnODPFaults(t *testing.T) {
+	e, mr, w, buf := newODPWindow(t, placement.MWType1)
 	k := w.NextRKey()
-	_, err = e.BindMW(pd1, 5, w, k, placement.BindInfo{MR: mr, Addr: mr.Addr(), Length: uint64(len(buf)), Access: stag.AccessRemoteAtomic})
+	_, err := e.BindMW(pd1, 5, w, k, placement.BindInfo{MR: mr, Addr: mr.Addr(), Length: uint64(len(buf)), Access: stag.AccessRemoteAtomic})
 	require.NoError(t, err)
 	va := mr.Addr() + 4096 + 64
 	_, st := e.AtomicQP(pd1, 7, k, va, placement.FetchAdd, 5, 0)
@@ -105,23 +114,9 @@ func TestWindowAtomicOnODPFaults(t *testing.T) {
 // the QP it is bound to (FaultRemoteQP, ResolvableRemoteQP: the responder
 // knows the QP), and not for another QP.
 func TestType2WindowAtomicOnODPFaults(t *testing.T) {
-	as, err := hostmem.NewAddressSpace(hostmem.Config{Size: 16 << 20})
-	require.NoError(t, err)
-	e := placement.New(placement.Config{AddressSpace: as})
-	buf, err := as.Alloc(2 * 4096)
-	require.NoError(t, err)
-	mr, err := e.RegMR(pd1, buf, stag.AccessLocalWrite|stag.AccessMWBind|stag.AccessOnDemand)
-	require.NoError(t, err)
-	w, err := e.AllocMW(pd1, placement.MWType2)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		require.NoError(t, e.DeallocMW(w))
-		require.NoError(t, e.DeregMR(mr))
-		require.NoError(t, as.Free(hostmem.AddrOf(buf), len(buf)))
-		require.NoError(t, as.Close())
-	})
+	e, mr, w, buf := newODPWindow(t, placement.MWType2)
 	k := incKey(w.RKey())
-	_, err = e.BindMW(pd1, 5, w, k, placement.BindInfo{MR: mr, Addr: mr.Addr(), Length: uint64(len(buf)), Access: stag.AccessRemoteAtomic})
+	_, err := e.BindMW(pd1, 5, w, k, placement.BindInfo{MR: mr, Addr: mr.Addr(), Length: uint64(len(buf)), Access: stag.AccessRemoteAtomic})
 	require.NoError(t, err)
 	va := mr.Addr() + 4096 + 64
 	_, st := e.AtomicQP(pd1, 5, k, va, placement.FetchAdd, 5, 0)
