@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/softrdma/softrdma/transport/conn"
 	"github.com/softrdma/softrdma/transport/wire"
 )
 
@@ -136,4 +137,80 @@ func TestDuplicateAtomicReplayedThenDroppedAfterRingWrap(t *testing.T) {
 	r.deliver(atomic)
 	require.Equal(t, stale+1, r.drops(DropStaleDuplicate))
 	require.Equal(t, v, r.mem[rigGuard:rigGuard+8])
+}
+
+// A duplicate READ may re-request any sub-range of the saved READ under
+// the same rkey, not only its rest (IBTA 9.7.5.1.4; rxe duplicate_request
+// accepts the same): it is answered from its own PSN with the bytes it
+// names. One outside the saved range, under another rkey, or whose
+// responses would run past the saved READ's last PSN is dropped and
+// counted, and nothing is sent.
+func TestDuplicateReadSubRange(t *testing.T) {
+	r := newResponderRig(t)
+	for i := range 3000 {
+		r.mem[rigGuard+i] = byte(i * 7)
+	}
+	base := r.mr.Addr()
+	r.deliver(r.build(wire.OpRDMAReadRequest, 1000, nil, true, r.reth(base+100, r.mr.RKey(), 2800)))
+	for i := range 3 { // MTU 1024: 1024 + 1024 + 752
+		_, _, psn := r.answer()
+		require.Equal(t, wire.PSN(1000+i), psn)
+	}
+	// A WRITE after the READ; delivered again after each duplicate READ,
+	// its duplicate's ACK marks the end of what the device answered.
+	marker := r.build(wire.OpRDMAWriteOnly, 1003, []byte{1}, true, r.reth(base, r.mr.RKey(), 1))
+	r.deliver(marker)
+	op, syn, psn := r.answer()
+	require.Equal(t, wire.OpAcknowledge, op)
+	require.Equal(t, wire.SyndromeACK, syn)
+	require.Equal(t, wire.PSN(1003), psn)
+	dupRead := func(psn wire.PSN, va uint64, rkey, n uint32) (ops []wire.Opcode, psns []wire.PSN, data []byte) {
+		r.deliver(r.build(wire.OpRDMAReadRequest, psn, nil, true, r.reth(va, rkey, n)))
+		r.deliver(marker)
+		for {
+			pkts := make([]conn.Packet, 1)
+			n, err := r.peer.Receive(pkts)
+			require.NoError(t, err)
+			require.Equal(t, 1, n)
+			var p wire.Packet
+			require.NoError(t, wire.Parse(pkts[0].Buf, &p))
+			if p.Opcode() == wire.OpAcknowledge {
+				require.Equal(t, wire.SyndromeACK, p.AETH().Syndrome())
+				require.Equal(t, wire.PSN(1003), p.PSN())
+				return
+			}
+			ops, psns = append(ops, p.Opcode()), append(psns, p.PSN())
+			data = append(data, p.Payload...)
+		}
+	}
+	// The first 1024 bytes only: one ONLY response at 1000.
+	ops, psns, data := dupRead(1000, base+100, r.mr.RKey(), 1024)
+	require.Equal(t, []wire.Opcode{wire.OpRDMAReadResponseOnly}, ops)
+	require.Equal(t, []wire.PSN{1000}, psns)
+	require.Equal(t, r.mem[rigGuard+100:rigGuard+1124], data)
+	// The middle packet's bytes, from its PSN.
+	ops, psns, data = dupRead(1001, base+1124, r.mr.RKey(), 1024)
+	require.Equal(t, []wire.Opcode{wire.OpRDMAReadResponseOnly}, ops)
+	require.Equal(t, []wire.PSN{1001}, psns)
+	require.Equal(t, r.mem[rigGuard+1124:rigGuard+2148], data)
+
+	stale := r.drops(DropStaleDuplicate)
+	for _, c := range []struct {
+		psn  wire.PSN
+		va   uint64
+		rkey uint32
+		n    uint32
+	}{
+		{1001, base + 99, r.mr.RKey(), 8},          // starts before the saved READ
+		{1001, base + 2000, r.mr.RKey(), 901},      // ends one byte after it
+		{1001, base + 100, r.mr.RKey() ^ 0xff, 8},  // another key
+		{1001, base + 100, r.mr.RKey(), 1<<31 - 1}, // longer than it
+		// Two packets from the last PSN would answer at 1003, a PSN the
+		// saved READ does not own.
+		{1002, base + 100, r.mr.RKey(), 2048},
+	} {
+		ops, _, _ := dupRead(c.psn, c.va, c.rkey, c.n)
+		require.Empty(t, ops, "%+v", c)
+	}
+	require.Equal(t, stale+5, r.drops(DropStaleDuplicate))
 }

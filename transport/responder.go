@@ -532,13 +532,17 @@ func (qp *QP) duplicate(p *wire.Packet, path *path, b *txBatch) {
 				continue
 			}
 			reth := p.RETH()
-			k := uint64(res.firstPSN.Distance(psn)) * uint64(path.mtu)
-			length := uint64(reth.DMALength())
-			// The re-request must name the rest of the saved READ.
-			if reth.RKey() != res.rkey || reth.VA() != res.va+k || k+length != res.length {
+			va, length := reth.VA(), uint64(reth.DMALength())
+			// The re-request must name the same rkey and a sub-range of
+			// the saved READ (IBTA 9.7.5.1.4; rxe duplicate_request checks
+			// the same), usually the rest of it from the first missing
+			// response; its responses must stay within the saved READ's
+			// PSNs.
+			if reth.RKey() != res.rkey || va < res.va || length > res.length || va-res.va > res.length-length ||
+				uint64(res.firstPSN.Distance(psn))+uint64(packetsFor(length, path.mtu)) > uint64(packetsFor(res.length, path.mtu)) {
 				break
 			}
-			qp.sendReadResponses(b, path, psn, reth.VA(), reth.RKey(), length)
+			qp.sendReadResponses(b, path, psn, va, reth.RKey(), length)
 			return
 		}
 		qp.dev.counters.drop(DropStaleDuplicate)
