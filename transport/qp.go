@@ -121,6 +121,46 @@ var allowed = map[[2]QPState]bool{
 	{QPStateSQE, QPStateRTS}: true,
 }
 
+// optionalByType lists, per QP type and transition, the attributes
+// ib_modify_qp_is_ok accepts besides the required ones (IBTA 10.3.1, Table
+// 91; those of alternate paths and path migration do not exist here). A
+// transition not listed takes none (to RESET, to ERR, RTS -> SQD).
+var optionalByType = map[QPType]map[[2]QPState]AttrMask{
+	QPTypeRC: {
+		{QPStateInit, QPStateInit}: QPAttrPKeyIndex | QPAttrPort | QPAttrAccessFlags,
+		{QPStateInit, QPStateRTR}:  QPAttrAccessFlags | QPAttrPKeyIndex,
+		{QPStateRTR, QPStateRTS}:   QPAttrCurState | QPAttrAccessFlags | QPAttrMinRNRTimer,
+		{QPStateRTS, QPStateRTS}:   QPAttrCurState | QPAttrAccessFlags | QPAttrMinRNRTimer,
+		{QPStateSQD, QPStateRTS}:   QPAttrCurState | QPAttrAccessFlags | QPAttrMinRNRTimer,
+		{QPStateSQD, QPStateSQD}: QPAttrPort | QPAttrAV | QPAttrTimeout | QPAttrRetryCnt | QPAttrRNRRetry |
+			QPAttrMaxQPRdAtomic | QPAttrMaxDestRdAtomic | QPAttrAccessFlags | QPAttrPKeyIndex | QPAttrMinRNRTimer,
+	},
+	QPTypeUC: {
+		{QPStateInit, QPStateInit}: QPAttrPKeyIndex | QPAttrPort | QPAttrAccessFlags,
+		{QPStateInit, QPStateRTR}:  QPAttrAccessFlags | QPAttrPKeyIndex,
+		{QPStateRTR, QPStateRTS}:   QPAttrCurState | QPAttrAccessFlags,
+		{QPStateRTS, QPStateRTS}:   QPAttrCurState | QPAttrAccessFlags,
+		{QPStateSQD, QPStateRTS}:   QPAttrCurState | QPAttrAccessFlags,
+		{QPStateSQD, QPStateSQD}:   QPAttrAV | QPAttrAccessFlags | QPAttrPKeyIndex,
+		{QPStateSQE, QPStateRTS}:   QPAttrCurState | QPAttrAccessFlags,
+	},
+	QPTypeUD: {
+		{QPStateInit, QPStateInit}: QPAttrPKeyIndex | QPAttrPort | QPAttrQKey,
+		{QPStateInit, QPStateRTR}:  QPAttrPKeyIndex | QPAttrQKey,
+		{QPStateRTR, QPStateRTS}:   QPAttrCurState | QPAttrQKey,
+		{QPStateRTS, QPStateRTS}:   QPAttrCurState | QPAttrQKey,
+		{QPStateSQD, QPStateRTS}:   QPAttrCurState | QPAttrQKey,
+		{QPStateSQD, QPStateSQD}:   QPAttrPKeyIndex | QPAttrQKey,
+		{QPStateSQE, QPStateRTS}:   QPAttrCurState | QPAttrQKey,
+	},
+}
+
+// optionalAttrs returns the attributes the transition cur -> next may
+// carry besides the required ones, on this QP's type.
+func (qp *QP) optionalAttrs(cur, next QPState) AttrMask {
+	return optionalByType[qp.typ][[2]QPState{cur, next}]
+}
+
 // QPInitAttr configures CreateQP (struct ibv_qp_init_attr).
 type QPInitAttr struct {
 	SendCQ, RecvCQ *CQ
@@ -319,9 +359,14 @@ func (qp *QP) Attr() QPAttr {
 }
 
 // Modify changes attributes and state (ibv_modify_qp). The transition must
-// be legal and carry the attributes Table 91 requires; errors are
-// ErrBadTransition and ErrBadAttr, wrapped with the missing attribute's
-// libibverbs name.
+// be legal (IBTA 10.3.1; ERR is entered from any state but RESET) and
+// carry the attributes Table 91 requires and no attribute it neither
+// requires nor allows for the QP's type (the checks of the kernel's
+// ib_modify_qp_is_ok, which rxe answers with EINVAL: for example an RC
+// QP's address vector changes in RTR or SQD, not in RTS). Without
+// QPAttrState in mask the transition is from the current state to itself.
+// Errors are ErrBadTransition and ErrBadAttr, wrapped with the missing or
+// refused attribute's libibverbs name; a refused Modify changes nothing.
 func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 	if attr == nil {
 		return fmt.Errorf("%w: nil attributes", ErrBadAttr)
@@ -352,6 +397,10 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 		qp.respMu.Lock()
 		defer qp.respMu.Unlock()
 	}
+	if next == QPStateErr && cur == QPStateReset && mask&QPAttrState != 0 {
+		// ERR is entered from any state but RESET (ib_modify_qp_is_ok).
+		return fmt.Errorf("%w: %v -> %v", ErrBadTransition, cur, next)
+	}
 	if mask&QPAttrState != 0 && next != QPStateReset && next != QPStateErr {
 		if !allowed[[2]QPState{cur, next}] {
 			return fmt.Errorf("%w: %v -> %v", ErrBadTransition, cur, next)
@@ -361,6 +410,20 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 				if req&b != 0 && mask&b == 0 {
 					return fmt.Errorf("%w: %v -> %v needs %s", ErrBadAttr, cur, next, attrNames[b])
 				}
+			}
+		}
+	}
+	// Nor may it carry an attribute the transition neither requires nor
+	// takes as optional (Table 91; without QPAttrState the transition is
+	// cur -> cur).
+	if extra := mask &^ (QPAttrState | qp.requiredAttrs(cur, next) | qp.optionalAttrs(cur, next)); extra != 0 {
+		for b := AttrMask(1); b != 0; b <<= 1 {
+			if extra&b != 0 {
+				name := attrNames[b]
+				if name == "" {
+					name = fmt.Sprintf("attribute mask bit %#x", uint32(b))
+				}
+				return fmt.Errorf("%w: %v -> %v does not take %s", ErrBadAttr, cur, next, name)
 			}
 		}
 	}
