@@ -37,6 +37,11 @@ func (qp *QP) runRequester(b *txBatch) bool {
 	if qp.typ != QPTypeRC && qp.completeSent(b) { // ud.go: on UC and UD, sent is complete
 		more = true
 	}
+	if qp.State() == QPStateSQD {
+		qp.sq.Lock()
+		qp.sqDrainedLocked() // UC, UD: the message in progress was sent
+		qp.sq.Unlock()
+	}
 	if fatal {
 		qp.releaseResp() // the receive WQE in use completes first
 		qp.flush()

@@ -168,7 +168,8 @@ func (qp *QP) runRequesterUC(b *txBatch) bool {
 // the unreliable services.
 func (d *Device) handleUnreliable(qp *QP, pkt *conn.Packet, p *wire.Packet) {
 	c := &d.counters
-	if st := qp.State(); st == QPStateReset || st == QPStateInit || st == QPStateErr {
+	st := qp.State()
+	if st == QPStateReset || st == QPStateInit || st == QPStateErr {
 		c.drop(DropBadQPState)
 		return
 	}
@@ -184,6 +185,9 @@ func (d *Device) handleUnreliable(qp *QP, pkt *conn.Packet, p *wire.Packet) {
 	if qp.typ == QPTypeUC && path.dest.Addr() != pkt.Addr.Addr().Unmap() {
 		c.drop(DropWrongAddress)
 		return
+	}
+	if st == QPStateRTR && qp.typ == QPTypeUC {
+		qp.commEstablished()
 	}
 	d.reader.Enter()
 	if qp.held != 0 || d.susp.active.Load() != 0 && d.qpPaused(qp) {
@@ -234,6 +238,7 @@ func (qp *QP) datagramSuspended() {
 func (qp *QP) recvQPError(path *path) {
 	r := &qp.resp
 	qp.dev.counters.drop(DropAccess)
+	related := r.haveRecv
 	if r.haveRecv {
 		r.haveRecv = false
 		wc := WC{WRID: r.recv.wrid, Status: WCLocProtErr, Opcode: WCRecv, QPN: qpnOf(qp.qpn), SrcQP: qpnOf(path.destQPN)}
@@ -241,6 +246,9 @@ func (qp *QP) recvQPError(path *path) {
 	}
 	qp.releaseRespLocked()
 	if qp.setError() {
+		if !related {
+			qp.dev.raise(EventQPFatal, qp, nil) // no WQE to complete in error
+		}
 		qp.flush()
 	}
 }
