@@ -173,19 +173,28 @@ func (d *Device) raise(t EventType, qp *QP, cq *CQ) {
 		q.mu.Unlock()
 		return
 	}
-	if q.n == len(q.ring) {
-		q.mu.Unlock()
+	ok := q.pushLocked(AsyncEvent{Type: t, QP: qp, CQ: cq})
+	q.mu.Unlock()
+	if !ok {
 		d.counters.AsyncEventsDropped.Add(1)
 		return
+	}
+	q.wake()
+}
+
+// pushLocked appends ev to the ring, or reports false when it is full.
+// Caller holds mu.
+func (q *eventQueue) pushLocked(ev AsyncEvent) bool {
+	if q.n == len(q.ring) {
+		return false
 	}
 	i := q.head + q.n
 	if i >= len(q.ring) {
 		i -= len(q.ring)
 	}
-	q.ring[i] = AsyncEvent{Type: t, QP: qp, CQ: cq}
+	q.ring[i] = ev
 	q.n++
-	q.mu.Unlock()
-	q.wake()
+	return true
 }
 
 // PollAsyncEvent returns the oldest queued event without blocking, and
@@ -325,9 +334,11 @@ func (qp *QP) commEstablished() {
 // sqDrainedLocked raises EventSQDrained if a drain asked for by Modify to
 // SQD has completed: no message the send queue began is incomplete (the
 // requester has caught up with the completer, and the oldest WQE, if any,
-// was never started). Caller holds sq.
+// was never started). sqDraining is false outside SQD (Modify clears it),
+// and an engine error, which moves the QP to ERR without Modify, stops
+// every caller: its requester no longer runs. Caller holds sq.
 func (qp *QP) sqDrainedLocked() {
-	if !qp.sqDraining || qp.State() != QPStateSQD {
+	if !qp.sqDraining {
 		return
 	}
 	if qp.req.idx != qp.comp.idx || qp.req.offset != 0 {

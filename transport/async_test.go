@@ -2,6 +2,7 @@ package transport
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"testing"
 	"testing/synctest"
@@ -14,18 +15,36 @@ import (
 	"github.com/softrdma/softrdma/transport/wire"
 )
 
-// takeEvents returns the queued events, oldest first, acknowledging each.
-func takeEvents(d *Device) []AsyncEvent {
-	var out []AsyncEvent
+// takeEvents returns the queued events, oldest first, acknowledging each,
+// as evString writes them.
+func takeEvents(d *Device) []string {
+	var out []string
 	for {
 		ev, ok := d.PollAsyncEvent()
 		if !ok {
 			return out
 		}
 		d.AckAsyncEvent(ev)
-		out = append(out, ev)
+		out = append(out, evString(ev))
 	}
 }
+
+// evString writes ev as "type QP n" or "type CQ 0x..." (a diff of two
+// events with their QPs printed whole would be unreadable).
+func evString(ev AsyncEvent) string {
+	s := ev.Type.String()
+	if ev.QP != nil {
+		s += fmt.Sprintf(" QP %d", ev.QP.QPN())
+	}
+	if ev.CQ != nil {
+		s += fmt.Sprintf(" CQ %p", ev.CQ)
+	}
+	return s
+}
+
+// qpEv and cqEv write an expected event as evString does.
+func qpEv(t EventType, qp *QP) string { return evString(AsyncEvent{Type: t, QP: qp}) }
+func cqEv(t EventType, cq *CQ) string { return evString(AsyncEvent{Type: t, CQ: cq}) }
 
 // TestResponderErrorEvents: an RC responder error moves the QP to ERR.
 // IBTA C9-222.1.1 (Class C responder errors): an error that can be related
@@ -107,7 +126,7 @@ func TestResponderErrorEvents(t *testing.T) {
 				require.Equal(t, c.recvWC, wcs[0].Status)
 				return
 			}
-			require.Equal(t, []AsyncEvent{{Type: c.event, QP: r.qp}}, evs)
+			require.Equal(t, []string{qpEv(c.event, r.qp)}, evs)
 			require.Empty(t, wcs, "no WQE was involved")
 		})
 	}
@@ -170,7 +189,7 @@ func TestCQOverrunEvents(t *testing.T) {
 	require.Empty(t, takeEvents(r.d), "the first completion fits")
 	r.deliver(r.build(wire.OpSendOnly, 1001, make([]byte, 8), true, nil))
 	require.Equal(t, QPStateErr, r.qp.State())
-	require.Equal(t, []AsyncEvent{{Type: EventCQErr, CQ: cq}, {Type: EventQPFatal, QP: r.qp}}, takeEvents(r.d))
+	require.Equal(t, []string{cqEv(EventCQErr, cq), qpEv(EventQPFatal, r.qp)}, takeEvents(r.d))
 	// Another completion lost to the CQ in error: counted, no second event.
 	before := r.d.counters.CQOverruns.Load()
 	r.qp.pushWC(cq, &WC{WRID: 9})
@@ -210,14 +229,14 @@ func TestCommEstOnFirstPacketInRTR(t *testing.T) {
 	r.toRTR(t)
 	require.Empty(t, takeEvents(r.d), "RTR alone raises nothing")
 	write(1000)
-	require.Equal(t, []AsyncEvent{{Type: EventCommEst, QP: r.qp}}, takeEvents(r.d))
+	require.Equal(t, []string{qpEv(EventCommEst, r.qp)}, takeEvents(r.d))
 	write(1001)
 	require.Empty(t, takeEvents(r.d), "once per connection")
 
 	// Through RESET: the next connection raises it again.
 	r.toRTR(t)
 	write(1000)
-	require.Equal(t, []AsyncEvent{{Type: EventCommEst, QP: r.qp}}, takeEvents(r.d), "again after RESET")
+	require.Equal(t, []string{qpEv(EventCommEst, r.qp)}, takeEvents(r.d), "again after RESET")
 
 	// A packet the demux drops (another peer's address) does not count.
 	r.toRTR(t)
@@ -250,7 +269,7 @@ func TestSQDrainedWhenDrainCompletes(t *testing.T) {
 			require.Empty(t, takeEvents(r.d), "the WRITE is not acknowledged yet")
 			r.ackPkt(wire.SyndromeACK, 5000, 1)
 			synctest.Wait()
-			require.Equal(t, []AsyncEvent{{Type: EventSQDrained, QP: r.qp}}, takeEvents(r.d))
+			require.Equal(t, []string{qpEv(EventSQDrained, r.qp)}, takeEvents(r.d))
 			sqd(r) // SQD -> SQD
 			require.Empty(t, takeEvents(r.d), "one event per drain")
 			require.NoError(t, r.qp.Modify(&QPAttr{State: QPStateRTS}, QPAttrState))
@@ -261,7 +280,20 @@ func TestSQDrainedWhenDrainCompletes(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			r := newSyncRig(t)
 			sqd(r)
-			require.Equal(t, []AsyncEvent{{Type: EventSQDrained, QP: r.qp}}, takeEvents(r.d))
+			require.Equal(t, []string{qpEv(EventSQDrained, r.qp)}, takeEvents(r.d))
+		})
+	})
+	t.Run("error while draining", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			r := newSyncRig(t)
+			write(r, 1)
+			require.Len(t, r.sent(), 1)
+			sqd(r)
+			r.ackPkt(wire.SyndromeNAKRemoteAccess, 5000, 0)
+			synctest.Wait()
+			require.Equal(t, QPStateErr, r.qp.State())
+			require.Equal(t, WCRemAccessErr, r.poll()[0].Status)
+			require.Empty(t, takeEvents(r.d), "ERR ends the drain without an event")
 		})
 	})
 	t.Run("back to RTS first", func(t *testing.T) {
@@ -336,10 +368,12 @@ func TestGetAsyncEventHonoursContext(t *testing.T) {
 		synctest.Wait() // blocked
 		r.d.raise(EventQPFatal, r.qp, nil)
 		ev := <-got
-		require.Equal(t, AsyncEvent{Type: EventQPFatal, QP: r.qp}, ev)
+		require.Equal(t, qpEv(EventQPFatal, r.qp), evString(ev))
 		r.d.AckAsyncEvent(ev)
 
-		// Two waiters, two events raised before either wakes: both return.
+		// Two waiters, two events queued before either wakes (the second
+		// raise found the notification already pending, so one wake for
+		// two events): both waiters return.
 		for range 2 {
 			go func() {
 				ev, err := r.d.GetAsyncEvent(t.Context())
@@ -348,8 +382,12 @@ func TestGetAsyncEventHonoursContext(t *testing.T) {
 			}()
 		}
 		synctest.Wait()
-		r.d.raise(EventQPFatal, r.qp, nil)
-		r.d.raise(EventCQErr, nil, r.cq)
+		q := &r.d.events
+		q.mu.Lock()
+		q.pushLocked(AsyncEvent{Type: EventQPFatal, QP: r.qp})
+		q.pushLocked(AsyncEvent{Type: EventCQErr, CQ: r.cq})
+		q.mu.Unlock()
+		q.wake()
 		<-got
 		<-got
 
@@ -375,7 +413,7 @@ func TestNoEventAfterDestroyQP(t *testing.T) {
 		r.d.raise(EventQPFatal, r.qp, nil)
 		ev, ok := r.d.PollAsyncEvent()
 		require.True(t, ok)
-		require.Equal(t, AsyncEvent{Type: EventCommEst, QP: r.qp}, ev)
+		require.Equal(t, qpEv(EventCommEst, r.qp), evString(ev))
 
 		done := make(chan error)
 		go func() { done <- r.d.DestroyQP(r.qp) }()
@@ -393,7 +431,7 @@ func TestNoEventAfterDestroyQP(t *testing.T) {
 		require.NoError(t, <-done)
 
 		r.d.raise(EventQPFatal, r.qp, nil) // as the engine would, late
-		require.Equal(t, []AsyncEvent{{Type: EventCQErr, CQ: r.cq}}, takeEvents(r.d),
+		require.Equal(t, []string{cqEv(EventCQErr, r.cq)}, takeEvents(r.d),
 			"the QP's queued EventQPFatal is gone, the late one not raised; the CQ's stays")
 	})
 }

@@ -15,7 +15,6 @@ func (qp *QP) completeRecv(p *wire.Packet, path *path) {
 	kick := qp.completer(p, path)
 	fatal := qp.fatal
 	qp.fatal = false
-	qp.sqDrainedLocked() // SQD: the response may complete the drain
 	qp.sq.Unlock()
 	if fatal {
 		qp.releaseResp() // the receive WQE in use completes first

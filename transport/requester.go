@@ -38,8 +38,11 @@ func (qp *QP) runRequester(b *txBatch) bool {
 		more = true
 	}
 	if qp.State() == QPStateSQD {
+		// The drain may be complete: the last message in progress was
+		// sent (UC, UD) or acknowledged (RC: the completer kicks the
+		// requester on every acknowledgement), as rxe's requester checks.
 		qp.sq.Lock()
-		qp.sqDrainedLocked() // UC, UD: the message in progress was sent
+		qp.sqDrainedLocked()
 		qp.sq.Unlock()
 	}
 	if fatal {
