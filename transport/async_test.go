@@ -310,10 +310,10 @@ func TestSQDrainedWhenDrainCompletes(t *testing.T) {
 	})
 }
 
-// TestAsyncEventQueueOverflowCounted: the queue holds MaxAsyncEvents
+// TestAsyncEventOverflowCountedAllocFree: the queue holds MaxAsyncEvents
 // events; the ones raised while it is full are dropped and counted in
 // async_events_dropped, and raising allocates nothing, full or not.
-func TestAsyncEventQueueOverflowCounted(t *testing.T) {
+func TestAsyncEventOverflowCountedAllocFree(t *testing.T) {
 	r := newResponderRig(t)
 	for range MaxAsyncEvents + 5 {
 		r.d.raise(EventCommEst, r.qp, nil)
