@@ -445,3 +445,32 @@ func TestDestroyCQDiscardsItsEvents(t *testing.T) {
 	r.d.raise(EventCQErr, nil, cq)
 	require.Empty(t, takeEvents(r.d))
 }
+
+// TestCommEstUCNotUD: a UC QP in RTR raises EventCommEst on its first
+// packet as RC does; a UD QP, which has no connection, raises none.
+func TestCommEstUCNotUD(t *testing.T) {
+	r := newDGRig(t, QPTypeUC, conn.PipeConfig{})
+	qp := r.qp
+	require.NoError(t, qp.Modify(&QPAttr{State: QPStateReset}, QPAttrState))
+	require.NoError(t, qp.Modify(&QPAttr{State: QPStateInit, Port: 1, AccessFlags: stag.AccessRemoteWrite},
+		QPAttrState|QPAttrPKeyIndex|QPAttrPort|QPAttrAccessFlags))
+	require.NoError(t, qp.Modify(&QPAttr{State: QPStateRTR, Dest: r.from, PathMTU: MTU1024, DestQPN: r.peerQP, RQPSN: 1000},
+		QPAttrState|QPAttrAV|QPAttrPathMTU|QPAttrDestQPN|QPAttrRQPSN))
+	r.postRecv(1, 0, 64)
+	r.deliver(r.uc(wire.OpSendOnly, 1000, []byte("hi"), nil))
+	require.Len(t, r.poll(), 1)
+	require.Equal(t, []string{qpEv(EventCommEst, qp)}, takeEvents(r.d))
+	r.postRecv(2, 0, 64)
+	r.deliver(r.uc(wire.OpSendOnly, 1001, []byte("hi"), nil))
+	require.Empty(t, takeEvents(r.d))
+
+	u := newDGRig(t, QPTypeUD, conn.PipeConfig{})
+	require.NoError(t, u.qp.Modify(&QPAttr{State: QPStateReset}, QPAttrState))
+	require.NoError(t, u.qp.Modify(&QPAttr{State: QPStateInit, Port: 1, QKey: dgQKey},
+		QPAttrState|QPAttrPKeyIndex|QPAttrPort|QPAttrQKey))
+	require.NoError(t, u.qp.Modify(&QPAttr{State: QPStateRTR}, QPAttrState))
+	u.postRecv(1, 0, 1024)
+	u.deliver(u.ud(dgQKey, 0x42, []byte("hi"), false))
+	require.Len(t, u.poll(), 1, "UD receives in RTR")
+	require.Empty(t, takeEvents(u.d))
+}
