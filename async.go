@@ -24,9 +24,8 @@ const (
 	// (CQ.Poll returns ErrCQOverrun). AsyncEvent.CQ is the CQ. Once per CQ.
 	EventCQErr = transport.EventCQErr
 	// EventQPFatal: the engine moved the QP to ERR and no completion
-	// reports why (its receive completion overran the CQ; a responder's
-	// remote operational error on a request without a receive WQE; a
-	// UC/UD receive's local fault without one).
+	// reports why: its receive completion overran the receive CQ (which
+	// gets EventCQErr), so the completion is lost.
 	EventQPFatal = transport.EventQPFatal
 	// EventQPReqErr: the RC responder NAKed a request as an invalid
 	// request (opcode out of sequence, bad length, an operation the QP's

@@ -21,13 +21,15 @@ import (
 //     state (CQ.Poll then returns ErrCQOverrun). Once per CQ: the error
 //     state is final.
 //   - EventQPFatal on a QP ("Local Work Queue Catastrophic Error"): the
-//     engine moved the QP to ERR and no completion reports why: its
-//     receive completion overran the receive CQ (the completion is lost,
-//     so the QP cannot go on, rxe's class G error: the CQ gets
-//     EventCQErr and the QP this event; rxe raises only the CQ's), a
-//     responder's remote operational error on a request without a receive
-//     WQE, a UC or UD receive's local fault without one, or a requester
-//     error with no WQE to complete.
+//     engine moved the QP to ERR and no completion reports why. Today
+//     that is a receive completion that overran the receive CQ (the
+//     completion is lost, so the QP cannot go on, rxe's class G error:
+//     the CQ gets EventCQErr and the QP this event; rxe raises only the
+//     CQ's). A responder's remote operational error on a request without
+//     a receive WQE, or a requester error finding no WQE to complete,
+//     would raise it too, but the engine produces neither: its only
+//     remote operational error is a fault of a SEND's receive WQE, which
+//     completes in error, and a requester error always has its WQE.
 //   - EventQPReqErr ("Invalid Request Local Work Queue Error") and
 //     EventQPAccessErr ("Local Access Violation Work Queue Error") on an
 //     RC responder's QP, when it NAKs a request with invalid request, or

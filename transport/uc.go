@@ -238,7 +238,6 @@ func (qp *QP) datagramSuspended() {
 func (qp *QP) recvQPError(path *path) {
 	r := &qp.resp
 	qp.dev.counters.drop(DropAccess)
-	related := r.haveRecv
 	if r.haveRecv {
 		r.haveRecv = false
 		wc := WC{WRID: r.recv.wrid, Status: WCLocProtErr, Opcode: WCRecv, QPN: qpnOf(qp.qpn), SrcQP: qpnOf(path.destQPN)}
@@ -246,9 +245,6 @@ func (qp *QP) recvQPError(path *path) {
 	}
 	qp.releaseRespLocked()
 	if qp.setError() {
-		if !related {
-			qp.dev.raise(EventQPFatal, qp, nil) // no WQE to complete in error
-		}
 		qp.flush()
 	}
 }
