@@ -474,3 +474,26 @@ func TestCommEstUCNotUD(t *testing.T) {
 	require.Len(t, u.poll(), 1, "UD receives in RTR")
 	require.Empty(t, takeEvents(u.d))
 }
+
+// TestCQOverrunEventsUCUD: as TestCQOverrunEvents on the unreliable
+// services, whose receive CQ overrun is rxe's class G error too.
+func TestCQOverrunEventsUCUD(t *testing.T) {
+	for _, typ := range []QPType{QPTypeUC, QPTypeUD} {
+		t.Run(typ.String(), func(t *testing.T) {
+			r := newDGRig(t, typ, conn.PipeConfig{})
+			cq := NewCQ(1)
+			r.qp.recvCQ = cq
+			r.postRecv(1, 0, 1024)
+			r.postRecv(2, 1024, 1024)
+			for psn := wire.PSN(1000); psn < 1002; psn++ {
+				if typ == QPTypeUD {
+					r.deliver(r.ud(dgQKey, 0x42, []byte("hi"), false))
+				} else {
+					r.deliver(r.uc(wire.OpSendOnly, psn, []byte("hi"), nil))
+				}
+			}
+			require.Equal(t, QPStateErr, r.qp.State())
+			require.Equal(t, []string{cqEv(EventCQErr, cq), qpEv(EventQPFatal, r.qp)}, takeEvents(r.d))
+		})
+	}
+}
