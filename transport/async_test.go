@@ -156,7 +156,12 @@ func TestRequesterErrorsRaiseNoEvent(t *testing.T) {
 	t.Run("retry exceeded", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			r := newSyncRig(t)
-			require.NoError(t, r.qp.Modify(&QPAttr{State: QPStateRTS, RetryCnt: 0}, QPAttrState|QPAttrRetryCnt))
+			// retry_cnt 0 (set at RTR -> RTS, Table 91): RETRY_EXC_ERR at
+			// the first timeout.
+			require.NoError(t, r.qp.Modify(&QPAttr{State: QPStateReset}, QPAttrState))
+			r.toRTR(t)
+			require.NoError(t, r.qp.Modify(&QPAttr{State: QPStateRTS, SQPSN: 5000, Timeout: 14, RetryCnt: 0, RNRRetry: 7, MaxRdAtomic: 4},
+				QPAttrState|QPAttrSQPSN|QPAttrTimeout|QPAttrRetryCnt|QPAttrRNRRetry|QPAttrMaxQPRdAtomic))
 			_, err := r.qp.PostSend(SendWR{WRID: 1, Opcode: WRRDMAWrite, Flags: SendSignaled,
 				SGL: []SGE{{Addr: r.mr.Addr(), Length: 8, LKey: r.mr.LKey()}}, RemoteAddr: 0x1000, RKey: 0x1234})
 			require.NoError(t, err)
