@@ -440,7 +440,8 @@ const GSIQKey = mad.GSIQKey
 // then return ErrBadCQ, and CreateQP refuses it. Errors: ErrBadCQ (nil,
 // another device's CQ, destroyed already); EBUSY (errors.Is with
 // unix.EBUSY, as ibv_destroy_cq(3)) while a QP uses it: destroy the QP
-// first.
+// first. Its EventCQErr, if not yet returned, is discarded; if returned,
+// DestroyCQ waits for its AckAsyncEvent, as DestroyQP does.
 func (d *Device) DestroyCQ(cq *CQ) error {
 	if err := d.t.DestroyCQ(cq); err != nil {
 		return fmt.Errorf("softrdma: %w", err)
@@ -450,5 +451,9 @@ func (d *Device) DestroyCQ(cq *CQ) error {
 
 // DestroyQP destroys a QP, flushing its outstanding WRs (ibv_destroy_qp).
 // A nil QP, one destroyed already or one of another device is ErrBadQP
-// (EINVAL).
+// (EINVAL). Its asynchronous events not yet returned are discarded and no
+// more are raised; like ibv_destroy_qp, it waits until every event of the
+// QP that GetAsyncEvent or PollAsyncEvent returned is acknowledged
+// (AckAsyncEvent), so that a goroutine handling one does not find the QP
+// destroyed under it.
 func (d *Device) DestroyQP(qp *QP) error { return d.t.DestroyQP(qp) }

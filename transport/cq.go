@@ -31,6 +31,10 @@ type CQ struct {
 	// devDone is closed when the CQ's device closes (NewDeviceCQ); nil
 	// (NewCQ): never.
 	devDone <-chan struct{}
+	// errRaised is set when the engine raised EventCQErr for the CQ's
+	// overrun (once: the error state is final).
+	errRaised atomic.Bool
+	ev        eventCount // guarded by the device's events.mu (async.go)
 }
 
 // NewCQ returns a CQ holding up to depth completions (ibv_create_cq's cqe).

@@ -126,6 +126,8 @@ type Device struct {
 	reader   *placement.Reader
 	workerTx txBatch // used by the send worker only
 	ackList  []*QP   // QPs owing a coalesced ACK; receive loop only
+	// events is the asynchronous event queue (async.go).
+	events eventQueue
 }
 
 // NewDevice starts a device on cfg.Conn.
@@ -150,6 +152,7 @@ func NewDevice(cfg Config) (*Device, error) {
 		return nil, err
 	}
 	d.qps.next = FirstQPN
+	d.events.init()
 	d.reader = d.place.NewReader()
 	d.rxTx.init(d)
 	d.workerTx.init(d)
@@ -359,23 +362,30 @@ func (d *Device) createQP(pd uint32, init *QPInitAttr, qpn uint32) (*QP, error) 
 // DestroyCQ destroys cq (ibv_destroy_cq): Poll and Wait then return
 // ErrBadCQ, and CreateQP refuses it. Errors: ErrBadCQ (nil, another
 // device's CQ, or destroyed already); ErrBusy (EBUSY, as
-// ibv_destroy_cq(3)) while a QP uses it as its send or receive CQ.
+// ibv_destroy_cq(3)) while a QP uses it as its send or receive CQ. Its
+// asynchronous events are handled as DestroyQP handles a QP's: those not
+// returned yet are discarded, and it returns once those returned are
+// acknowledged.
 func (d *Device) DestroyCQ(cq *CQ) error {
 	if cq == nil || cq.devDone != d.done {
 		return fmt.Errorf("transport: destroy CQ: %w", ErrBadCQ)
 	}
 	d.qps.Lock()
-	defer d.qps.Unlock()
 	if cq.destroyed.Load() {
+		d.qps.Unlock()
 		return fmt.Errorf("transport: destroy CQ: %w", ErrBadCQ)
 	}
 	for i := range d.qpTable {
 		if qp := d.qpTable[i].Load(); qp != nil && (qp.sendCQ == cq || qp.recvCQ == cq) {
+			d.qps.Unlock()
 			return fmt.Errorf("transport: destroy CQ: QP %d uses it: %w", i, ErrBusy)
 		}
 	}
 	cq.destroyed.Store(true)
 	close(cq.gone) // every waiter polls again and gets ErrBadCQ
+	d.qps.Unlock()
+	d.forget(&cq.ev, func(ev *AsyncEvent) bool { return ev.CQ == cq })
+	d.waitAcked(&cq.ev)
 	return nil
 }
 
@@ -400,10 +410,17 @@ func (d *Device) PDInUse(pd uint32) string {
 }
 
 // DestroyQP removes the QP (ibv_destroy_qp); outstanding WRs are flushed.
+// Its asynchronous events not yet returned are discarded and none is
+// raised any more; like ibv_destroy_qp, it returns only when every event
+// of the QP that GetAsyncEvent or PollAsyncEvent returned has been
+// acknowledged (AckAsyncEvent), so that no goroutine handles an event of
+// a QP destroyed under it.
 func (d *Device) DestroyQP(qp *QP) error {
 	if qp == nil || qp.dev != d || d.qpTable[qp.qpn].Load() != qp || qp.destroyed.Swap(true) {
 		return fmt.Errorf("transport: destroy QP: %w", ErrBadQP)
 	}
+	d.forget(&qp.ev, func(ev *AsyncEvent) bool { return ev.QP == qp })
+	defer d.waitAcked(&qp.ev)
 	qp.enterError()
 	qp.stopTimer()
 	d.qpTable[qp.qpn].CompareAndSwap(qp, nil)
@@ -580,6 +597,9 @@ func (d *Device) handle(pkt *conn.Packet, p *wire.Packet) {
 	if path.dest.Addr() != pkt.Addr.Addr().Unmap() {
 		c.drop(DropWrongAddress)
 		return
+	}
+	if st == QPStateRTR && p.Info.Mask&wire.MaskReq != 0 {
+		qp.commEstablished()
 	}
 	// The suspension gate. The reader goes online first, so that a
 	// Suspend that closes the gate and then waits for a grace period

@@ -230,6 +230,14 @@ type QP struct {
 	respMu sync.Mutex
 	resp   respState // guarded by respMu (in practice: the receive loop)
 
+	// commEst is set when the QP raised EventCommEst (its first request
+	// packet in RTR); cleared by RESET.
+	commEst atomic.Bool
+	// sqDraining is set by Modify to SQD until EventSQDrained is raised
+	// (or the QP leaves SQD). Guarded by sq.
+	sqDraining bool
+	ev         eventCount // guarded by the device's events.mu (async.go)
+
 	scheduled atomic.Bool // on the send worker's run queue
 	timer     *time.Timer // retransmit / RNR timer; fires qp.onTimer
 	timerGen  atomic.Uint64
@@ -314,6 +322,7 @@ type respState struct {
 	haveRecv  bool
 	recvOff   uint64
 	wcStatus  WCStatus         // error to report for the current SEND (e.g. LocLenErr)
+	wqeErr    bool             // the current request's error completed its receive WQE (finishRecv); respError clears it
 	cur       placement.Cursor // the RDMA WRITE in progress
 	readCur   placement.Cursor // READ responses being sent
 	wlen      uint64           // WRITE: DMA length of the current message
@@ -559,7 +568,11 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 		case QPStateErr:
 			flush = cur != QPStateErr
 		}
+		// A drain starts with RTS -> SQD and goes on through SQD -> SQD;
+		// leaving SQD ends it without an event.
+		qp.sqDraining = next == QPStateSQD && (cur != QPStateSQD || qp.sqDraining)
 		qp.state.Store(uint32(next))
+		qp.sqDrainedLocked() // nothing in progress: drained at once
 	}
 	qp.rq.Unlock()
 	qp.sq.Unlock()
@@ -586,6 +599,7 @@ func (qp *QP) bindCursors() {
 // resetLocked returns the QP to its just-created condition; queued work is
 // discarded without completions (IBTA 10.3.1: RESET clears the queues).
 func (qp *QP) resetLocked() {
+	qp.commEst.Store(false) // a new connection raises EventCommEst again
 	qp.sq.head = 0
 	qp.req = reqState{}
 	qp.comp = compState{}
@@ -624,14 +638,18 @@ func (qp *QP) setError() bool {
 
 // fail completes w (if any) with an error status after moving the QP to
 // ERR, so that a consumer of the WC already sees the QP in ERR, and asks
-// for the queues to be flushed once sq is released. Caller holds sq.
+// for the queues to be flushed once sq is released. Without a WQE to
+// complete, the QP's client learns of the error from EventQPFatal. Caller
+// holds sq.
 func (qp *QP) fail(w *sendWQE, st WCStatus) {
 	if qp.typ != QPTypeRC {
 		qp.retireSent() // UC, UD: the WQEs sent before w complete first
 	}
-	qp.setError()
+	changed := qp.setError()
 	if w != nil {
 		qp.complete(w, st, true)
+	} else if changed {
+		qp.dev.raise(EventQPFatal, qp, nil)
 	}
 	qp.fatal = true
 }
@@ -694,7 +712,17 @@ func (qp *QP) complete(w *sendWQE, st WCStatus, force bool) {
 
 func (qp *QP) pushWC(cq *CQ, wc *WC) {
 	if !cq.push(wc) {
-		qp.dev.counters.CQOverruns.Add(1)
+		qp.cqOverrun(cq)
+	}
+}
+
+// cqOverrun counts a completion lost to a full CQ and, the first time,
+// raises EventCQErr on the CQ, which has entered its error state (IBTA
+// 11.6.3.2 "CQ Error"; rxe rxe_cq_post raises IB_EVENT_CQ_ERR).
+func (qp *QP) cqOverrun(cq *CQ) {
+	qp.dev.counters.CQOverruns.Add(1)
+	if cq.errRaised.CompareAndSwap(false, true) {
+		qp.dev.raise(EventCQErr, nil, cq)
 	}
 }
 

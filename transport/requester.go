@@ -37,6 +37,14 @@ func (qp *QP) runRequester(b *txBatch) bool {
 	if qp.typ != QPTypeRC && qp.completeSent(b) { // ud.go: on UC and UD, sent is complete
 		more = true
 	}
+	if qp.State() == QPStateSQD {
+		// The drain may be complete: the last message in progress was
+		// sent (UC, UD) or acknowledged (RC: the completer kicks the
+		// requester on every acknowledgement), as rxe's requester checks.
+		qp.sq.Lock()
+		qp.sqDrainedLocked()
+		qp.sq.Unlock()
+	}
 	if fatal {
 		qp.releaseResp() // the receive WQE in use completes first
 		qp.flush()

@@ -171,6 +171,7 @@ func (qp *QP) finishRecv(st WCStatus, n uint64, p *wire.Packet, path *path) bool
 		return true
 	}
 	r.haveRecv = false
+	r.wqeErr = st != WCSuccess
 	wc := WC{WRID: r.recv.wrid, Status: st, Opcode: WCRecv, ByteLen: uint32(n),
 		QPN: qpnOf(qp.qpn), SrcQP: qpnOf(path.destQPN)}
 	if st == WCSuccess {
@@ -188,7 +189,7 @@ func (qp *QP) finishRecv(st WCStatus, n uint64, p *wire.Packet, path *path) bool
 		}
 	}
 	if !qp.recvCQ.push(&wc) {
-		qp.dev.counters.CQOverruns.Add(1)
+		qp.cqOverrun(qp.recvCQ)
 		qp.recvCQOverrun()
 		return false
 	}
@@ -197,10 +198,13 @@ func (qp *QP) finishRecv(st WCStatus, n uint64, p *wire.Packet, path *path) bool
 
 // recvCQOverrun moves the QP whose receive completion overran its CQ to
 // ERR (rxe RESPST_ERR_CQ_OVERFLOW, "All - Class G"; IBTA 11.4.2.1: the
-// completion is lost, so the QP cannot go on). Caller holds respMu.
+// completion is lost, so the QP cannot go on) and raises EventQPFatal on
+// it: no completion can tell its client why it stopped. Caller holds
+// respMu.
 func (qp *QP) recvCQOverrun() {
 	qp.releaseRespLocked()
 	if qp.setError() {
+		qp.dev.raise(EventQPFatal, qp, nil)
 		qp.flush()
 	}
 }
@@ -572,11 +576,15 @@ func (qp *QP) duplicate(p *wire.Packet, path *path, b *txBatch) {
 // respError NAKs the current request and moves the QP to ERR: the class
 // B/C responder errors of IBTA 9.9.3 (rxe do_class_ac_error). Invalid
 // request, remote access and remote operational errors are all fatal to
-// the responder's QP.
+// the responder's QP. An error related to a receive WQE completes it in
+// error; one that is not raises the affiliated asynchronous error the
+// syndrome names (IBTA C9-222.1.1; eventForNAK).
 func (qp *QP) respError(b *txBatch, path *path, why DropReason, syn wire.Syndrome, _ WCStatus) {
 	r := &qp.resp
 	qp.dev.counters.drop(why)
 	qp.sendAck(b, path, syn, r.ePSN)
+	related := r.haveRecv || r.wqeErr
+	r.wqeErr = false
 	if r.haveRecv {
 		wc := WC{WRID: r.recv.wrid, Status: WCRemInvReqErr, Opcode: WCRecv, QPN: qpnOf(qp.qpn), SrcQP: qpnOf(path.destQPN)}
 		if syn == wire.SyndromeNAKRemoteAccess {
@@ -587,8 +595,28 @@ func (qp *QP) respError(b *txBatch, path *path, why DropReason, syn wire.Syndrom
 	}
 	qp.releaseRespLocked()
 	if qp.setError() {
+		if !related {
+			qp.dev.raise(eventForNAK(syn), qp, nil)
+		}
 		qp.flush()
 	}
+}
+
+// eventForNAK names the affiliated asynchronous error of a responder
+// error that concerns no receive WQE, by the NAK it sent (IBTA 11.6.3.2):
+// an invalid request is an "Invalid Request Local Work Queue Error"
+// (EventQPReqErr), an R_Key, bounds or access violation a "Local Access
+// Violation Work Queue Error" (EventQPAccessErr), and a remote
+// operational error, a fault of the responder itself, a "Local Work Queue
+// Catastrophic Error" (EventQPFatal).
+func eventForNAK(syn wire.Syndrome) EventType {
+	switch syn {
+	case wire.SyndromeNAKInvalidRequest:
+		return EventQPReqErr
+	case wire.SyndromeNAKRemoteAccess:
+		return EventQPAccessErr
+	}
+	return EventQPFatal
 }
 
 // releaseRespLocked ends the responder's placement cursors, so that the

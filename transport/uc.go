@@ -168,7 +168,8 @@ func (qp *QP) runRequesterUC(b *txBatch) bool {
 // the unreliable services.
 func (d *Device) handleUnreliable(qp *QP, pkt *conn.Packet, p *wire.Packet) {
 	c := &d.counters
-	if st := qp.State(); st == QPStateReset || st == QPStateInit || st == QPStateErr {
+	st := qp.State()
+	if st == QPStateReset || st == QPStateInit || st == QPStateErr {
 		c.drop(DropBadQPState)
 		return
 	}
@@ -184,6 +185,9 @@ func (d *Device) handleUnreliable(qp *QP, pkt *conn.Packet, p *wire.Packet) {
 	if qp.typ == QPTypeUC && path.dest.Addr() != pkt.Addr.Addr().Unmap() {
 		c.drop(DropWrongAddress)
 		return
+	}
+	if st == QPStateRTR && qp.typ == QPTypeUC {
+		qp.commEstablished()
 	}
 	d.reader.Enter()
 	if qp.held != 0 || d.susp.active.Load() != 0 && d.qpPaused(qp) {

@@ -315,7 +315,7 @@ func (qp *QP) respondUD(p *wire.Packet, pkt *conn.Packet, path *path) {
 		wc.ImmData = p.ImmDt().Imm()
 	}
 	if !qp.recvCQ.push(&wc) {
-		qp.dev.counters.CQOverruns.Add(1)
+		qp.cqOverrun(qp.recvCQ)
 		qp.recvCQOverrun() // class G, as RC and UC
 	}
 }
