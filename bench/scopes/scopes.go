@@ -310,6 +310,16 @@ type Result struct {
 // of QPs is empty; NaN encodes as JSON null and as an empty CSV field.
 type Ratio float64
 
+// ratioOf is x / base, NaN when base is not positive: a group whose
+// baseline moved nothing (a loaded machine starved it) has no ratio, where
+// the division would give +Inf, which JSON cannot encode.
+func ratioOf(x, base float64) Ratio {
+	if !(base > 0) {
+		return Ratio(math.NaN())
+	}
+	return Ratio(x / base)
+}
+
 // MarshalJSON encodes NaN as null.
 func (r Ratio) MarshalJSON() ([]byte, error) {
 	if math.IsNaN(float64(r)) {
@@ -844,7 +854,7 @@ func (b *bed) result(row *remapRun, m measurement) Result {
 	}
 	ratio := func(g group) (Ratio, float64, float64) {
 		x, base := b.rate(run, g), b.rate(m.off, g)
-		return Ratio(x / base), x, base
+		return ratioOf(x, base), x, base
 	}
 	var x, base float64
 	r.Untouched, x, base = ratio(nGroups)
@@ -856,8 +866,8 @@ func (b *bed) result(row *remapRun, m measurement) Result {
 		for i := range out.bytes {
 			out.bytes[i] = run.bytes[i] - run.in[i]
 		}
-		r.UntouchedInRemap = Ratio(b.rate(in, nGroups) / base)
-		r.UntouchedBetween = Ratio(b.rate(out, nGroups) / base)
+		r.UntouchedInRemap = ratioOf(b.rate(in, nGroups), base)
+		r.UntouchedBetween = ratioOf(b.rate(out, nGroups), base)
 	}
 	r.SamePD, _, _ = ratio(samePD)
 	r.OtherPD, _, _ = ratio(otherPD)
