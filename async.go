@@ -24,8 +24,8 @@ const (
 	// (CQ.Poll returns ErrCQOverrun). AsyncEvent.CQ is the CQ. Once per CQ.
 	EventCQErr = transport.EventCQErr
 	// EventQPFatal: the engine moved the QP to ERR and no completion
-	// reports why: its receive completion overran the receive CQ (which
-	// gets EventCQErr), so the completion is lost.
+	// reports why: one of its completions overran its receive or send
+	// CQ (which gets EventCQErr; IBTA C9-218), so the completion is lost.
 	EventQPFatal = transport.EventQPFatal
 	// EventQPReqErr: the RC responder NAKed a request as an invalid
 	// request (opcode out of sequence, bad length, an operation the QP's

@@ -22,10 +22,12 @@ import (
 //     state is final.
 //   - EventQPFatal on a QP ("Local Work Queue Catastrophic Error"): the
 //     engine moved the QP to ERR and no completion reports why. Today
-//     that is a receive completion that overran the receive CQ (the
-//     completion is lost, so the QP cannot go on, rxe's class G error:
-//     the CQ gets EventCQErr and the QP this event; rxe raises only the
-//     CQ's). A responder's remote operational error on a request without
+//     that is a completion that overran the QP's receive CQ (rxe's class
+//     G error) or send CQ (IBTA C9-218, requester class F: "the affected
+//     QP shall be moved to the error state and affiliated asynchronous
+//     errors generated"): the completion is lost, so the QP cannot go
+//     on; the CQ gets EventCQErr and the QP this event (rxe raises only
+//     the CQ's). A responder's remote operational error on a request without
 //     a receive WQE, or a requester error finding no WQE to complete,
 //     would raise it too, but the engine produces neither: its only
 //     remote operational error is a fault of a SEND's receive WQE, which

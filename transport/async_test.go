@@ -502,3 +502,62 @@ func TestCQOverrunEventsUCUD(t *testing.T) {
 		})
 	}
 }
+
+// TestSendCQOverrunMovesQPToErr: IBTA C9-218, a requester class F error:
+// a WQE that cannot complete because its CQ is full moves the QP to ERR,
+// with an affiliated asynchronous error (QP_FATAL; NVIDIA's verbs manual:
+// "All of the QPs associated with this CQ ... will also get the
+// IBV_EVENT_QP_FATAL event"), besides the CQ's CQ_ERR. The send queue
+// stops: a WR posted after the lost completion is not sent.
+func TestSendCQOverrunMovesQPToErr(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := newSyncRig(t)
+		cq := NewCQ(1)
+		r.qp.sendCQ = cq
+		write := func(wrid uint64) {
+			_, err := r.qp.PostSend(SendWR{WRID: wrid, Opcode: WRRDMAWrite, Flags: SendSignaled,
+				SGL: []SGE{{Addr: r.mr.Addr(), Length: 8, LKey: r.mr.LKey()}}, RemoteAddr: 0x1000, RKey: 0x1234})
+			require.NoError(t, err)
+		}
+		write(1)
+		write(2)
+		require.Len(t, r.sent(), 2)
+		r.ackPkt(wire.SyndromeACK, 5001, 2) // both complete: the second overruns
+		require.Equal(t, QPStateErr, r.qp.State())
+		require.Equal(t, []string{cqEv(EventCQErr, cq), qpEv(EventQPFatal, r.qp)}, takeEvents(r.d))
+		// A post in ERR is taken and flushed (into the CQ in error), not sent.
+		_, err := r.qp.PostSend(SendWR{WRID: 3, Opcode: WRRDMAWrite, SGL: []SGE{{Addr: r.mr.Addr(), Length: 8, LKey: r.mr.LKey()}}, RemoteAddr: 0x1000, RKey: 0x1234})
+		require.NoError(t, err)
+		require.Empty(t, r.sent())
+	})
+}
+
+// TestSendCQOverrunUCUD: as TestSendCQOverrunMovesQPToErr on UC and UD,
+// whose sends complete once sent: the QP goes to ERR with CQ_ERR and
+// QP_FATAL, and its posted receive is flushed into its receive CQ.
+func TestSendCQOverrunUCUD(t *testing.T) {
+	for _, typ := range []QPType{QPTypeUC, QPTypeUD} {
+		t.Run(typ.String(), func(t *testing.T) {
+			r := newDGRig(t, typ, conn.PipeConfig{})
+			scq := NewCQ(1)
+			r.qp.sendCQ = scq
+			r.postRecv(7, 0, 64)
+			wr := SendWR{Opcode: WRSend, Flags: SendSignaled, SGL: []SGE{{Addr: r.mr.Addr(), Length: 8, LKey: r.mr.LKey()}}}
+			if typ == QPTypeUD {
+				ah, err := r.d.CreateAH(1, &AHAttr{Dest: r.from})
+				require.NoError(t, err)
+				wr.AH, wr.RemoteQPN, wr.RemoteQKey = ah, r.peerQP, dgQKey
+			}
+			for i := range 2 {
+				wr.WRID = uint64(i + 1)
+				_, err := r.qp.PostSend(wr)
+				require.NoError(t, err)
+			}
+			wcs := waitCQ(t, r.cq, 1) // the receive CQ: the flushed receive
+			require.Equal(t, uint64(7), wcs[0].WRID)
+			require.Equal(t, WCWRFlushErr, wcs[0].Status)
+			require.Equal(t, QPStateErr, r.qp.State())
+			require.Equal(t, []string{cqEv(EventCQErr, scq), qpEv(EventQPFatal, r.qp)}, takeEvents(r.d))
+		})
+	}
+}

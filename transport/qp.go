@@ -707,7 +707,17 @@ func (qp *QP) complete(w *sendWQE, st WCStatus, force bool) {
 			wc.ByteLen = 8
 		}
 	}
-	qp.pushWC(qp.sendCQ, &wc)
+	if !qp.sendCQ.push(&wc) {
+		qp.cqOverrun(qp.sendCQ)
+		// IBTA C9-218, a requester class F error: a WQE that cannot
+		// complete because its CQ is full moves the QP to ERR with an
+		// affiliated asynchronous error; the caller's flush (qp.fatal)
+		// takes the rest.
+		if qp.setError() {
+			qp.dev.raise(EventQPFatal, qp, nil)
+		}
+		qp.fatal = true
+	}
 }
 
 func (qp *QP) pushWC(cq *CQ, wc *WC) {

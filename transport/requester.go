@@ -34,8 +34,9 @@ func (qp *QP) runRequester(b *txBatch) bool {
 	qp.fatal = false
 	lw := qp.takeLocalWait()
 	qp.sq.Unlock()
-	if qp.typ != QPTypeRC && qp.completeSent(b) { // ud.go: on UC and UD, sent is complete
-		more = true
+	if qp.typ != QPTypeRC { // ud.go: on UC and UD, sent is complete
+		m, f := qp.completeSent(b)
+		more, fatal = more || m, fatal || f
 	}
 	if qp.State() == QPStateSQD {
 		// The drain may be complete: the last message in progress was

@@ -232,14 +232,17 @@ func (qp *QP) sentWhole(w *sendWQE) {
 // completeSent sends the batch and then completes, in order, the UC or UD
 // send WQEs whose packets it held (runRequester calls it, without sq). It
 // reports whether WQEs completed and others wait: a fenced local
-// operation behind them may go now, and the requester must run again.
-func (qp *QP) completeSent(b *txBatch) bool {
+// operation behind them may go now, and the requester must run again; and
+// whether a completion overran the send CQ, which moved the QP to ERR
+// (the caller flushes).
+func (qp *QP) completeSent(b *txBatch) (more, fatal bool) {
 	b.flush()
 	qp.sq.Lock()
 	defer qp.sq.Unlock()
 	before := qp.comp.idx
 	qp.retireSent()
-	return qp.comp.idx != before && qp.req.idx < qp.sq.head
+	fatal, qp.fatal = qp.fatal, false // a completion overran the send CQ
+	return qp.comp.idx != before && qp.req.idx < qp.sq.head, fatal
 }
 
 // retireSent completes, in order, the UC or UD WQEs the requester has gone
