@@ -64,8 +64,9 @@ type mrLife struct {
 	// waits for the placements in flight; it is closed when it ends.
 	busy chan struct{}
 	// remap is non-nil from PrepareRemap to the Remapping's Release or
-	// Abort (closed then): DeregMR waits for it, since the remap moves
-	// the pin and switches the table that a deregistration releases.
+	// Abort (closed then): DeregMR refuses meanwhile (ErrRemapInProgress),
+	// since the remap moves the pin and switches the table that a
+	// deregistration releases.
 	remap chan struct{}
 }
 
@@ -602,20 +603,23 @@ func (e *Engine) Invalidate(pd, qpn, key uint32, remote bool) (*Invalidation, er
 // beginDereg marks mr deregistered, after waiting for an invalidation or
 // re-registration of it in progress. It refuses while windows are bound to
 // it (ErrMWBound; rxe_dereg_mr refuses with EINVAL, IBTA 10.6.7: the
-// windows must be invalidated or deallocated first) and a second time
-// (ErrDeregistered). Binds check the mark under the same lock, so none
-// begins after it.
+// windows must be invalidated or deallocated first), while a remap of it
+// is in progress (ErrRemapInProgress, EBUSY: PrepareRemap until the
+// Remapping's Release or Abort, which is the caller's to call, so that
+// waiting for it could wait for ever; ReregMR refuses the same way) and a
+// second time (ErrDeregistered). Binds check the mark under the same lock,
+// so none begins after it.
 func (e *Engine) beginDereg(mr *MR) error {
 	e.life.mu.Lock()
 	defer e.life.mu.Unlock()
-	for mr.life.busy != nil || mr.life.remap != nil {
+	for mr.life.busy != nil {
 		b := mr.life.busy
-		if b == nil {
-			b = mr.life.remap
-		}
 		e.life.mu.Unlock()
 		<-b
 		e.life.mu.Lock()
+	}
+	if mr.life.remap != nil && !mr.dead.Load() {
+		return fmt.Errorf("placement: dereg MR: Release or Abort the remap of the MR first: %w", ErrRemapInProgress)
 	}
 	if mr.life.windows > 0 {
 		return operr.Wrap("placement", "dereg MR", ErrMWBound)
