@@ -148,3 +148,70 @@ func until(t *testing.T, what string, cond func() bool) {
 		runtime.Gosched()
 	}
 }
+
+// TestDeferredType2BindOfDestroyedQP: a type 2 bind that waits for its MR
+// (being re-registered) while its QP is destroyed must not bind the window
+// once the wait ends: DestroyQP has already released the QP's type 2
+// windows (ReleaseQPWindows), and a window bound to the destroyed QP's
+// number would open for a later QP of the same number. The deferred bind
+// bound it.
+func TestDeferredType2BindOfDestroyedQP(t *testing.T) {
+	p := softrdmatest.NewPair(t, softrdmatest.Options{Pipe: true})
+	_, mr := reg(t, p.B, 4096, rw|softrdma.AccessMWBind)
+	w, err := p.B.Dev.AllocMW(p.B.PD, softrdma.MWType2)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.B.Dev.DeallocMW(w) })
+
+	e, pd, old := p.B.Dev.Engine(), p.B.PD.Num(), mr.RKey()
+	var cur placement.Cursor
+	require.Equal(t, placement.OK, e.Begin(&cur, pd, old, mr.Addr(), 8, stag.AccessRemoteWrite))
+	ended := false
+	defer func() {
+		if !ended {
+			e.End(&cur)
+		}
+	}()
+	rereg := make(chan error, 1)
+	go func() {
+		rereg <- p.B.Dev.ReregMR(mr, softrdma.ReregChangeAccess, nil, nil, rw|softrdma.AccessMWBind)
+	}()
+	until(t, "ReregMR to invalidate the old key", func() bool {
+		var c placement.Cursor
+		st := e.Begin(&c, pd, old, mr.Addr(), 8, stag.AccessRemoteWrite)
+		if st == placement.OK {
+			e.End(&c)
+		}
+		return st != placement.OK
+	})
+	post(t, p.B.QP, softrdma.SendWR{WRID: 1, Opcode: softrdma.WRBindMW, Flags: softrdma.SendSignaled,
+		BindMW: softrdma.MWBind{MW: w, RKey: softrdma.IncRKey(w.RKey()), Info: softrdma.MWBindInfo{MR: mr, Addr: mr.Addr(), Length: 4096, Access: softrdma.AccessRemoteWrite}}})
+	until(t, "the bind to execute", func() bool {
+		s := p.B.QP.RequesterState()
+		return s.NextWQE == s.Posted || s.State == softrdma.QPStateErr
+	})
+	require.NoError(t, p.B.Dev.DestroyQP(p.B.QP))
+	e.End(&cur)
+	ended = true
+	require.NoError(t, <-rereg)
+	// The deferred bind has run once the send worker is free again: a
+	// new QP's first work request completes after it.
+	c := softrdma.Cap{MaxSendWR: 8, MaxRecvWR: 8, MaxSendSGE: 1, MaxRecvSGE: 1}
+	a2, err := p.A.Dev.CreateQP(p.A.PD, softrdma.QPInitAttr{SendCQ: p.A.CQ, RecvCQ: p.A.CQ, Cap: c, Type: softrdma.QPTypeRC})
+	require.NoError(t, err)
+	b2, err := p.B.Dev.CreateQP(p.B.PD, softrdma.QPInitAttr{SendCQ: p.B.CQ, RecvCQ: p.B.CQ, Cap: c, Type: softrdma.QPTypeRC})
+	require.NoError(t, err)
+	require.NoError(t, softrdma.Connect(a2, softrdma.Endpoint{Addr: p.B.Dev.LocalAddr(), QPN: b2.QPN(), PSN: 100}, 200, softrdma.ConnectOptions{}))
+	require.NoError(t, softrdma.Connect(b2, softrdma.Endpoint{Addr: p.A.Dev.LocalAddr(), QPN: a2.QPN(), PSN: 200}, 100, softrdma.ConnectOptions{}))
+	src, srcMR := reg(t, p.B, 8, rw)
+	_, dstMR := reg(t, p.A, 8, rw)
+	post(t, b2, writeWR(2, srcMR, src, dstMR.Addr(), dstMR.RKey()))
+	for {
+		wc := waitWC(t, p.B.CQ, 1)[0]
+		if wc.WRID == 2 {
+			require.Equal(t, softrdma.WCSuccess, wc.Status)
+			break
+		}
+	}
+	bound, _, _, _ := w.Binding()
+	require.True(t, bound == nil, "a window bound to a destroyed QP")
+}

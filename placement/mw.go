@@ -423,28 +423,41 @@ func (e *Engine) checkBind(pd uint32, w *MW, p *PostedBind, rkey uint32, b *Bind
 // Errors (the work request completes with IBV_WC_MW_BIND_ERR, as in rxe):
 // EINVAL for each rule checkBind names, EOPNOTSUPP for zero-based windows.
 func (e *Engine) BindMW(pd, qpn uint32, w *MW, rkey uint32, b BindInfo) (*Invalidation, error) {
-	return e.bind(pd, qpn, w, nil, rkey, b)
+	return e.bind(pd, qpn, nil, w, nil, rkey, b)
+}
+
+// BindMWLive is BindMW for the transport: live reports whether QP qpn
+// still exists, and is called under the lock ReleaseQPWindows takes. A
+// bind that had to wait executes only if it still does (EINVAL
+// otherwise), so that a type 2 window is never bound to a QP whose
+// windows DestroyQP has already released (a later QP of the same number
+// would open it).
+func (e *Engine) BindMWLive(pd, qpn uint32, live func() bool, w *MW, rkey uint32, b BindInfo) (*Invalidation, error) {
+	return e.bind(pd, qpn, live, w, nil, rkey, b)
 }
 
 // BindPosted executes the type 1 bind p that QP.BindMW posted (PostRKey),
-// as BindMW with rkey p.RKey; it also fails (EINVAL) if the window's key is
-// not p.Prev when it executes, as rxe_bind_mw refuses a bind whose mw_rkey
-// is not the window's: a bind posted after another one, on another QP,
-// that executes first.
-func (e *Engine) BindPosted(pd, qpn uint32, w *MW, p PostedBind, b BindInfo) (*Invalidation, error) {
-	return e.bind(pd, qpn, w, &p, p.RKey, b)
+// as BindMWLive with rkey p.RKey; it also fails (EINVAL) if the window's
+// key is not p.Prev when it executes, as rxe_bind_mw refuses a bind whose
+// mw_rkey is not the window's: a bind posted after another one, on another
+// QP, that executes first.
+func (e *Engine) BindPosted(pd, qpn uint32, live func() bool, w *MW, p PostedBind, b BindInfo) (*Invalidation, error) {
+	return e.bind(pd, qpn, live, w, &p, p.RKey, b)
 }
 
-func (e *Engine) bind(pd, qpn uint32, w *MW, p *PostedBind, rkey uint32, b BindInfo) (*Invalidation, error) {
+func (e *Engine) bind(pd, qpn uint32, live func() bool, w *MW, p *PostedBind, rkey uint32, b BindInfo) (*Invalidation, error) {
 	e.life.mu.Lock()
 	defer e.life.mu.Unlock()
+	if live != nil && !live() {
+		return nil, fmt.Errorf("placement: bind MW: QP %d was destroyed: %w", qpn, ErrInvalid)
+	}
 	wait, err := e.checkBind(pd, w, p, rkey, &b)
 	if err != nil {
 		return nil, err
 	}
 	if wait != nil {
 		return &Invalidation{other: wait, then: func() error {
-			inv, err := e.bind(pd, qpn, w, p, rkey, b)
+			inv, err := e.bind(pd, qpn, live, w, p, rkey, b)
 			if err != nil {
 				return err
 			}

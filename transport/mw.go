@@ -125,9 +125,9 @@ func (qp *QP) runLocal(w *sendWQE) bool {
 		st = WCMWBindErr
 		b := &w.wr.BindMW
 		if b.verb {
-			inv, err = e.BindPosted(qp.pd, uint32(qp.qpn), b.MW, b.posted, b.Info)
+			inv, err = e.BindPosted(qp.pd, uint32(qp.qpn), qp.alive, b.MW, b.posted, b.Info)
 		} else {
-			inv, err = e.BindMW(qp.pd, uint32(qp.qpn), b.MW, b.RKey, b.Info)
+			inv, err = e.BindMWLive(qp.pd, uint32(qp.qpn), qp.alive, b.MW, b.RKey, b.Info)
 		}
 	}
 	if err != nil {
@@ -146,6 +146,11 @@ func (qp *QP) runLocal(w *sendWQE) bool {
 	qp.retireLocal()
 	return true
 }
+
+// alive reports whether the QP has not been destroyed; a bind that waited
+// for another operation executes only if it still has not (DestroyQP sets
+// destroyed before it releases the QP's type 2 windows).
+func (qp *QP) alive() bool { return !qp.destroyed.Load() }
 
 // passLocal moves the requester past the local operation at its index.
 // Caller holds sq.
