@@ -188,8 +188,10 @@ func (w *MW) PostRKey() PostedBind {
 	return p
 }
 
-// NextRKey posts a bind (PostRKey) and returns its rkey, for a caller that
-// executes it at once with BindMW and never fails it.
+// NextRKey returns ibv_inc_rkey of the window's key, the rkey of a bind
+// that the caller executes at once with BindMW (tests, direct users of the
+// engine; the transport uses PostRKey and BindPosted). It is settled on
+// return: until a bind executes, NextRKey returns the same key again.
 func (w *MW) NextRKey() uint32 {
 	p := w.PostRKey()
 	w.Settle(p, true)

@@ -82,7 +82,7 @@ func checkLocalWR(wr *SendWR) error {
 	case wr.Opcode == WRBindMW && wr.BindMW.MW.Type() == placement.MWType1 && !wr.BindMW.verb:
 		// libibverbs: a type 1 window is bound with ibv_bind_mw, a type
 		// 2 one with IBV_WR_BIND_MW (mlx5, ionic: EINVAL). A BIND_MW
-		// posted for a type 1 window would also bypass MW.NextRKey, so
+		// posted for a type 1 window would also bypass MW.PostRKey, so
 		// that the next QP.BindMW could reuse the key of the binding it
 		// made (a stale rkey would then reach the new binding).
 		return fmt.Errorf("%w: a type 1 window is bound with QP.BindMW (ibv_bind_mw)", ErrBadOpcode)
