@@ -65,7 +65,7 @@ const (
 // windows are bound to the MR, which therefore cannot be deregistered,
 // re-registered or invalidated. ErrBusy (EBUSY): an invalidation or
 // re-registration of the same object is in progress, or its placement is
-// suspended.
+// suspended (a bind waits for such an operation instead of failing).
 var (
 	ErrMWBound = placement.ErrMWBound
 	ErrBusy    = placement.ErrBusy

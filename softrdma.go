@@ -372,8 +372,16 @@ func (d *Device) checkReg(pd *PD, access Access) error {
 }
 
 // DeregMR invalidates the MR's keys, waits for placements in flight through
-// it and unpins it (ibv_dereg_mr).
+// it and unpins it (ibv_dereg_mr). A Remap of the MR (or of another MR of
+// the device) in progress is waited for first. Errors: an MR of another
+// device (EINVAL); ErrMWBound (EBUSY, as ibv_dereg_mr(3) and IBTA 10.6.7:
+// memory windows are bound to it; invalidate or deallocate them first);
+// a second DeregMR. On error the MR stays registered.
 func (d *Device) DeregMR(mr *MR) error {
+	// Remap ends the remap it prepares before it returns; placement
+	// refuses DeregMR (EBUSY) while a remap is in progress.
+	d.remapMu.Lock()
+	defer d.remapMu.Unlock()
 	if err := d.place.DeregMR(mr); err != nil {
 		return operr.Wrap("softrdma", "dereg MR", err)
 	}

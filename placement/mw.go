@@ -64,8 +64,9 @@ type mrLife struct {
 	// waits for the placements in flight; it is closed when it ends.
 	busy chan struct{}
 	// remap is non-nil from PrepareRemap to the Remapping's Release or
-	// Abort (closed then): DeregMR waits for it, since the remap moves
-	// the pin and switches the table that a deregistration releases.
+	// Abort (closed then): DeregMR refuses meanwhile (ErrRemapInProgress),
+	// since the remap moves the pin and switches the table that a
+	// deregistration releases.
 	remap chan struct{}
 }
 
@@ -81,18 +82,28 @@ type Invalidation struct {
 	drain *stag.Entry[*MR] // entry whose counted references are waited for
 	busy  chan struct{}    // closed when done
 	other chan struct{}    // set instead: an invalidation already in progress to wait for
-	done  func()           // completes the operation, under e.life.mu
+	// then, with other, is the operation that waited for other: it runs
+	// (and may wait in turn) once other is closed.
+	then func() error
+	done func() // completes the operation, under e.life.mu
 }
 
 // Wait waits for the placements in flight through the invalidated key and
-// completes the operation. A nil Invalidation has nothing to wait for.
-func (inv *Invalidation) Wait() {
+// completes the operation. A nil Invalidation has nothing to wait for. The
+// error is that of an operation that had to wait for another one on the
+// same object before it could be checked and executed (a bind of a window
+// or onto an MR being invalidated, re-registered or rebound: BindPosted);
+// it is nil for every other Invalidation.
+func (inv *Invalidation) Wait() error {
 	if inv == nil {
-		return
+		return nil
 	}
 	if inv.other != nil {
 		<-inv.other
-		return
+		if inv.then != nil {
+			return inv.then()
+		}
+		return nil
 	}
 	inv.e.mrs.Synchronize()
 	if inv.drain != nil {
@@ -104,6 +115,7 @@ func (inv *Invalidation) Wait() {
 	}
 	close(inv.busy)
 	inv.e.life.mu.Unlock()
+	return nil
 }
 
 // MWType is a memory window type (enum ibv_mw_type).
@@ -144,18 +156,67 @@ type MW struct {
 	qpn   uint32           // type 2: the QP bound to
 	busy  chan struct{}    // an invalidation in progress (see mrLife.busy)
 	dead  bool             // deallocated
-	// posted is the last rkey NextRKey handed out.
-	posted stag.STag
+	// posted is the type 1 window's ibv_mw.rkey: the key of the last
+	// bind posted (PostRKey), which RKey returns; pending counts the
+	// binds posted and not yet settled (Settle). With none pending,
+	// posted is the window's key.
+	posted  stag.STag
+	pending int
 }
 
-// NextRKey returns the rkey for a bind posted now: ibv_inc_rkey of the last
-// one handed out (rdma-core's ibv_bind_mw updates ibv_mw.rkey when it posts
-// the bind, so successive binds get successive keys).
-func (w *MW) NextRKey() uint32 {
+// PostedBind is a type 1 bind posted and not yet executed: RKey is the new
+// key it gives the window (ibv_inc_rkey of Prev), Prev the window's
+// ibv_mw.rkey when it was posted (rxe's mw_rkey: the key the bind expects
+// the window to have when it executes).
+type PostedBind struct {
+	RKey, Prev uint32
+}
+
+// PostRKey posts a bind of the type 1 window w: ibv_mw.rkey, which RKey
+// returns from now on, becomes ibv_inc_rkey of itself, as rdma-core's
+// ibv_bind_mw sets it as soon as its post succeeds (providers/rxe
+// rxe_bind_mw, mlx5_bind_mw), so that the application may give the new
+// key to its peer at once. Every PostRKey is followed by exactly one
+// Settle, when the bind has executed or will never execute.
+func (w *MW) PostRKey() PostedBind {
 	w.eng.life.mu.Lock()
 	defer w.eng.life.mu.Unlock()
+	p := PostedBind{Prev: uint32(w.posted)}
 	w.posted = stag.Make(w.posted.Index(), w.posted.Key()+1)
-	return uint32(w.posted)
+	p.RKey = uint32(w.posted)
+	w.pending++
+	return p
+}
+
+// NextRKey returns ibv_inc_rkey of the window's key, the rkey of a bind
+// that the caller executes at once with BindMW (tests, direct users of the
+// engine; the transport uses PostRKey and BindPosted). It is settled on
+// return: until a bind executes, NextRKey returns the same key again.
+func (w *MW) NextRKey() uint32 {
+	p := w.PostRKey()
+	w.Settle(p, true)
+	return p.RKey
+}
+
+// Settle ends the bind p of PostRKey: ok, it executed; otherwise it failed,
+// was flushed, discarded by a reset or never posted. A failed bind's key
+// is undone when no later bind was posted (rdma-core leaves this undo to
+// the application: "user has to undo this if he gets an error wc",
+// rxe_bind_mw; ibv_mw.rkey is read-only here). Once no bind is pending,
+// RKey is the window's key again, whatever order the binds of several QPs
+// ended in.
+func (w *MW) Settle(p PostedBind, ok bool) {
+	w.eng.life.mu.Lock()
+	defer w.eng.life.mu.Unlock()
+	if w.pending > 0 {
+		w.pending--
+	}
+	if !ok && uint32(w.posted) == p.RKey {
+		w.posted = stag.STag(p.Prev)
+	}
+	if w.pending == 0 && w.busy == nil {
+		w.posted = w.key
+	}
 }
 
 // Type returns the window's type.
@@ -164,13 +225,21 @@ func (w *MW) Type() MWType { return w.typ }
 // PD returns the protection domain the window belongs to.
 func (w *MW) PD() uint32 { return w.pd }
 
-// RKey returns the window's rkey (ibv_mw.rkey): the key of its last bind
-// (or, before any, the key it was allocated with). A bind changes the key
-// byte (the BIND_MW work request's rkey, ibv_inc_rkey), so an rkey of an
-// earlier binding misses.
+// RKey returns the window's rkey (ibv_mw.rkey), the key it was allocated
+// with until a bind changes its key byte (ibv_inc_rkey), so that an rkey of
+// an earlier binding misses. For a type 1 window it is the key of the last
+// bind posted (QP.BindMW), from the moment of the post, as rdma-core's
+// ibv_bind_mw sets ibv_mw.rkey (see PostRKey; a bind that fails gives it
+// back, see Settle). For a type 2 window the application chose the key in
+// its BIND_MW work request (libibverbs leaves ibv_mw.rkey alone then), and
+// RKey is the window's key as the device holds it (rxe's mw->rkey): the
+// new key once the bind has executed.
 func (w *MW) RKey() uint32 {
 	w.eng.life.mu.Lock()
 	defer w.eng.life.mu.Unlock()
+	if w.typ == MWType1 {
+		return uint32(w.posted)
+	}
 	return uint32(w.key)
 }
 
@@ -282,74 +351,120 @@ func (e *Engine) invalidateWindowLocked(w *MW) *Invalidation {
 
 // checkBind makes the checks of a bind of w by a QP of protection domain
 // pd with the new rkey rkey, in rxe_check_bind_mw's order, citing the IBTA
-// rule each one enforces. Called with e.life.mu held.
-func (e *Engine) checkBind(pd uint32, w *MW, rkey uint32, b *BindInfo) error {
+// rule each one enforces. A type 1 bind posted by QP.BindMW (p non-nil)
+// must find the window with the key it was posted against (rxe_bind_mw:
+// mw->rkey != mw_rkey is EINVAL). When the window or the MR is being
+// invalidated, re-registered or rebound, the checks stop and wait is
+// what to wait for before checking again (rxe makes binds wait for each
+// other under the window's lock). Called with e.life.mu held.
+func (e *Engine) checkBind(pd uint32, w *MW, p *PostedBind, rkey uint32, b *BindInfo) (wait chan struct{}, err error) {
 	bad := func(why string) error { return fmt.Errorf("placement: bind MW: %s: %w", why, ErrInvalid) }
 	switch {
 	case w == nil || w.eng != e || w.dead:
-		return bad("not a live window of this device")
+		return nil, bad("not a live window of this device")
 	case stag.STag(rkey).Index() != w.key.Index():
-		return bad("the new rkey names another index (only the key byte may change)")
+		return nil, bad("the new rkey names another index (only the key byte may change)")
 	case w.busy != nil:
-		return operr.Wrap("placement", "bind MW", ErrBusy)
+		return w.busy, nil
+	case p != nil && uint32(w.key) != p.Prev:
+		return nil, bad(fmt.Sprintf("the window's key is %v, not %v as when the bind was posted (a bind posted before it has not executed, or failed)",
+			w.key, stag.STag(p.Prev)))
 	case b.Access&^windowAccess != 0:
-		return bad(fmt.Sprintf("access %v (only REMOTE_READ, REMOTE_WRITE, REMOTE_ATOMIC, ZERO_BASED)", b.Access))
+		return nil, bad(fmt.Sprintf("access %v (only REMOTE_READ, REMOTE_WRITE, REMOTE_ATOMIC, ZERO_BASED)", b.Access))
 	case w.pd != pd:
-		return bad("the QP's PD is not the window's (C10-72)")
+		return nil, bad("the QP's PD is not the window's (C10-72)")
 	case w.typ == MWType1 && b.Access&stag.AccessZeroBased != 0:
-		return bad("a type 1 window cannot be zero based (o10-36.2.2)")
+		return nil, bad("a type 1 window cannot be zero based (o10-36.2.2)")
 	case w.typ == MWType2 && w.mr != nil:
-		return bad("a type 2 window must be invalidated before it is bound again (o10-37.2.30)")
+		return nil, bad("a type 2 window must be invalidated before it is bound again (o10-37.2.30)")
 	case w.typ == MWType2 && (b.MR == nil || b.Length == 0):
-		return bad("a type 2 window cannot be bound to no memory (o10-37.2.40)")
+		return nil, bad("a type 2 window cannot be bound to no memory (o10-37.2.40)")
 	case b.Access&stag.AccessZeroBased != 0:
-		return fmt.Errorf("placement: bind MW: zero-based windows: %w", ErrNotSupported)
+		return nil, fmt.Errorf("placement: bind MW: zero-based windows: %w", ErrNotSupported)
 	}
 	if b.Length == 0 {
-		return nil // a type 1 unbind
+		return nil, nil // a type 1 unbind
 	}
 	mr := b.MR
 	switch {
 	case mr == nil || mr.eng != e || mr.dead.Load():
-		return bad("not a live MR of this device")
+		return nil, bad("not a live MR of this device")
 	case mr.PD() != w.pd:
-		return bad("the MR's PD is not the window's")
+		return nil, bad("the MR's PD is not the window's")
 	case mr.life.busy != nil:
-		return operr.Wrap("placement", "bind MW: MR", ErrBusy)
+		return mr.life.busy, nil
 	case mr.life.frwr && !mr.life.valid:
-		return bad("the MR is not registered (invalidated fast-registration MR)")
+		return nil, bad("the MR is not registered (invalidated fast-registration MR)")
 	case mr.Access()&stag.AccessZeroBased != 0:
-		return bad("the MR is zero based")
+		return nil, bad("the MR is zero based")
 	case mr.Access()&stag.AccessMWBind == 0:
-		return bad("the MR lacks MW_BIND access (C10-73)")
+		return nil, bad("the MR lacks MW_BIND access (C10-73)")
 	case b.Access&(stag.AccessRemoteWrite|stag.AccessRemoteAtomic) != 0 && mr.Access()&stag.AccessLocalWrite == 0:
-		return bad("a writable window needs an MR with LOCAL_WRITE (C10-74)")
+		return nil, bad("a writable window needs an MR with LOCAL_WRITE (C10-74)")
 	case mr.ent().CheckRange(b.Addr, b.Length) != stag.OK:
-		return bad(fmt.Sprintf("[%#x, +%d) is not inside the MR [%#x, +%d) (C10-75)",
+		return nil, bad(fmt.Sprintf("[%#x, +%d) is not inside the MR [%#x, +%d) (C10-75)",
 			b.Addr, b.Length, mr.ent().IOVA, mr.ent().Length))
 	}
-	return nil
+	return nil, nil
 }
 
-// BindMW executes a bind of window w (a BIND_MW work request, or the one
-// ibv_bind_mw posts for a type 1 window) by a QP of protection domain pd
-// numbered qpn: the window's rkey becomes rkey (same index, the consumer's
-// key byte: ibv_inc_rkey) and it grants b.Access to [b.Addr,
-// b.Addr+b.Length) of b.MR — to every QP of the PD (type 1) or to QP qpn
-// only (type 2). A type 1 window bound before is rebound (or, with length
-// 0, unbound): its old binding is invalidated first, and the returned
-// Invalidation's Wait finishes the bind once the placements through the old
-// binding have ended; otherwise the bind is done on return and the
+// BindMW executes a bind of window w (a BIND_MW work request) by a QP of
+// protection domain pd numbered qpn: the window's rkey becomes rkey (same
+// index, the consumer's key byte: ibv_inc_rkey) and it grants b.Access to
+// [b.Addr, b.Addr+b.Length) of b.MR — to every QP of the PD (type 1) or to
+// QP qpn only (type 2). A type 1 window bound before is rebound (or, with
+// length 0, unbound): its old binding is invalidated first, and the
+// returned Invalidation's Wait finishes the bind once the placements
+// through the old binding have ended. A window or MR that another
+// operation is invalidating, re-registering or rebinding is waited for
+// (rxe serialises binds under the window's lock): the returned
+// Invalidation's Wait waits for it, then checks and executes the bind, and
+// returns the bind's error. Otherwise the bind is done on return and the
 // Invalidation is nil.
 //
 // Errors (the work request completes with IBV_WC_MW_BIND_ERR, as in rxe):
-// EINVAL for each rule checkBind names, ErrBusy (EBUSY) while the window or
-// the MR is being invalidated, EOPNOTSUPP for zero-based windows.
+// EINVAL for each rule checkBind names, EOPNOTSUPP for zero-based windows.
 func (e *Engine) BindMW(pd, qpn uint32, w *MW, rkey uint32, b BindInfo) (*Invalidation, error) {
+	return e.bind(pd, qpn, nil, w, nil, rkey, b)
+}
+
+// BindMWLive is BindMW for the transport: live reports whether QP qpn
+// still exists, and is called under the lock ReleaseQPWindows takes. A
+// bind that had to wait executes only if it still does (EINVAL
+// otherwise), so that a type 2 window is never bound to a QP whose
+// windows DestroyQP has already released (a later QP of the same number
+// would open it).
+func (e *Engine) BindMWLive(pd, qpn uint32, live func() bool, w *MW, rkey uint32, b BindInfo) (*Invalidation, error) {
+	return e.bind(pd, qpn, live, w, nil, rkey, b)
+}
+
+// BindPosted executes the type 1 bind p that QP.BindMW posted (PostRKey),
+// as BindMWLive with rkey p.RKey; it also fails (EINVAL) if the window's
+// key is not p.Prev when it executes, as rxe_bind_mw refuses a bind whose
+// mw_rkey is not the window's: a bind posted after another one, on another
+// QP, that executes first.
+func (e *Engine) BindPosted(pd, qpn uint32, live func() bool, w *MW, p PostedBind, b BindInfo) (*Invalidation, error) {
+	return e.bind(pd, qpn, live, w, &p, p.RKey, b)
+}
+
+func (e *Engine) bind(pd, qpn uint32, live func() bool, w *MW, p *PostedBind, rkey uint32, b BindInfo) (*Invalidation, error) {
 	e.life.mu.Lock()
 	defer e.life.mu.Unlock()
-	if err := e.checkBind(pd, w, rkey, &b); err != nil {
+	if live != nil && !live() {
+		return nil, fmt.Errorf("placement: bind MW: QP %d was destroyed: %w", qpn, ErrInvalid)
+	}
+	wait, err := e.checkBind(pd, w, p, rkey, &b)
+	if err != nil {
 		return nil, err
+	}
+	if wait != nil {
+		return &Invalidation{other: wait, then: func() error {
+			inv, err := e.bind(pd, qpn, live, w, p, rkey, b)
+			if err != nil {
+				return err
+			}
+			return inv.Wait()
+		}}, nil
 	}
 	if b.Length > 0 {
 		b.MR.life.windows++ // counted now: the MR cannot go while the bind waits
@@ -387,6 +502,9 @@ func (e *Engine) bindLocked(w *MW, qpn, rkey uint32, b *BindInfo) {
 		panic("placement: a checked bind failed: " + err.Error())
 	}
 	w.key, w.entry, w.mr, w.qpn = ent.STag, ent, mr, owner
+	if w.pending == 0 {
+		w.posted = w.key
+	}
 	if mr == nil {
 		return // unbound: the slot stays invalid under the new key
 	}
@@ -500,20 +618,23 @@ func (e *Engine) Invalidate(pd, qpn, key uint32, remote bool) (*Invalidation, er
 // beginDereg marks mr deregistered, after waiting for an invalidation or
 // re-registration of it in progress. It refuses while windows are bound to
 // it (ErrMWBound; rxe_dereg_mr refuses with EINVAL, IBTA 10.6.7: the
-// windows must be invalidated or deallocated first) and a second time
-// (ErrDeregistered). Binds check the mark under the same lock, so none
-// begins after it.
+// windows must be invalidated or deallocated first), while a remap of it
+// is in progress (ErrRemapInProgress, EBUSY: PrepareRemap until the
+// Remapping's Release or Abort, which is the caller's to call, so that
+// waiting for it could wait for ever; ReregMR refuses the same way) and a
+// second time (ErrDeregistered). Binds check the mark under the same lock,
+// so none begins after it.
 func (e *Engine) beginDereg(mr *MR) error {
 	e.life.mu.Lock()
 	defer e.life.mu.Unlock()
-	for mr.life.busy != nil || mr.life.remap != nil {
+	for mr.life.busy != nil {
 		b := mr.life.busy
-		if b == nil {
-			b = mr.life.remap
-		}
 		e.life.mu.Unlock()
 		<-b
 		e.life.mu.Lock()
+	}
+	if mr.life.remap != nil && !mr.dead.Load() {
+		return fmt.Errorf("placement: dereg MR: Release or Abort the remap of the MR first: %w", ErrRemapInProgress)
 	}
 	if mr.life.windows > 0 {
 		return operr.Wrap("placement", "dereg MR", ErrMWBound)

@@ -234,9 +234,13 @@ func (e *Engine) RegMR(pd uint32, buf []byte, access stag.Access) (*MR, error) {
 // (DeregMR waits until each has quiesced), the Gather, Scatter and Atomic
 // calls in progress, and the messages of cursors not bound to a Reader,
 // from Begin to End. The transport must End the unbound cursors of QPs that
-// stop (error state, destroy), or DeregMR waits for them. A remap of the MR
-// in progress (PrepareRemap to the Remapping's Release or Abort) is waited
-// for first.
+// stop (error state, destroy), or DeregMR waits for them. An invalidation
+// or re-registration of the MR in progress is waited for first. Errors:
+// an MR of another engine (EINVAL); ErrMWBound (EBUSY) while memory
+// windows are bound to it; ErrRemapInProgress (ErrBusy, EBUSY) from
+// PrepareRemap to the Remapping's Release or Abort (the remap is the
+// caller's to end: DeregMR does not wait for it, ReregMR refuses too);
+// ErrDeregistered a second time. On these errors the MR stays registered.
 func (e *Engine) DeregMR(mr *MR) error {
 	if mr == nil || mr.eng != e {
 		return fmt.Errorf("placement: dereg MR: not a region of this device: %w", ErrInvalid)

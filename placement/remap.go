@@ -40,7 +40,7 @@ type Remapping struct {
 	odpMirror *pagetable.ODPMirror // an ODP MR's
 	mirrored  bool                 // Commit left the view switch to Finish
 	// busy is the MR's life.remap, closed when the remap is over
-	// (Release, Abort, a failed PrepareRemap): DeregMR waits for it.
+	// (Release, Abort, a failed PrepareRemap); DeregMR refuses meanwhile.
 	busy chan struct{}
 }
 
@@ -48,8 +48,8 @@ type Remapping struct {
 // until the Remapping's Release or Abort).
 var ErrRemapInProgress = fmt.Errorf("placement: remap: the MR is being remapped already: %w", ErrBusy)
 
-// begin marks the MR as being remapped, so that DeregMR waits for the
-// remap to be over (it would release the table and the pin that the remap
+// begin marks the MR as being remapped, so that DeregMR refuses until the
+// remap is over (it would release the table and the pin that the remap
 // moves, under Commit's lock).
 func (r *Remapping) begin() error {
 	e, mr := r.e, r.mr
@@ -92,7 +92,7 @@ var testHookRemapDrained func(mr *MR)
 // MR its linear mapping is withdrawn first, and the copies in flight
 // waited for, so that every write is seen), new frames reserved and
 // populated, every page copied. Until the Remapping's Release or Abort,
-// DeregMR of the MR waits and ReregMR is ErrBusy: the remap moves the pin
+// DeregMR and ReregMR of the MR are ErrBusy: the remap moves the pin
 // and switches the table they would release. Errors: ErrNotRemappable; a
 // deregistered MR (EINVAL); a remap of the MR in progress (ErrBusy); the
 // host's (no free frames, pages not mapped, another pin

@@ -1,11 +1,13 @@
 package placement_test
 
 import (
-	"runtime"
+	"context"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/softrdma/softrdma/hostmem"
 	"github.com/softrdma/softrdma/placement"
@@ -161,14 +163,19 @@ func TestRemapPinnedTracksAWriteThatStartedBeforeTracking(t *testing.T) {
 	require.Equal(t, string(msg), string(buf[off:off+len(msg)]), "the WRITE is in the new frames")
 }
 
-// TestDeregMRWaitsForARemap: a pinned MR deregistered between the remap's
-// Commit and its Finish (traffic resumed, the view not yet switched) must
-// not release the table and the pin that the remap is moving: DeregMR
-// waits until the remap is over, and then releases the new frames' pin.
-// Before, it unpinned the old frames at once, Finish met a table without
-// its pin (a nil dereference), and Release would have unpinned the old
-// frames a second time while the new ones stayed pinned.
-func TestDeregMRWaitsForARemap(t *testing.T) {
+// TestDeregMRRefusedDuringARemap: a pinned MR deregistered between the
+// remap's Commit and its Finish (traffic resumed, the view not yet
+// switched) must not release the table and the pin that the remap is
+// moving: DeregMR refuses (ErrRemapInProgress, EBUSY, as ReregMR) and
+// leaves the MR registered; once the remap is over it deregisters and
+// releases the new frames' pin. Before the remap's exclusion, DeregMR
+// unpinned the old frames at once, Finish met a table without its pin (a
+// nil dereference), and Release would have unpinned the old frames a
+// second time while the new ones stayed pinned. (DeregMR waited for the
+// remap to end, for ever if its Release or Abort never came:
+// TestDeregMRDuringAbandonedRemap. Device.DeregMR waits for Device.Remap,
+// which always ends its remap.)
+func TestDeregMRRefusedDuringARemap(t *testing.T) {
 	as, err := hostmem.NewAddressSpace(hostmem.Config{Size: 16 << 20})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, as.Close()) })
@@ -184,24 +191,12 @@ func TestDeregMRWaitsForARemap(t *testing.T) {
 	require.NoError(t, e.SuspendMR(mr))
 	require.NoError(t, r.Commit())
 	require.NoError(t, e.ResumeMR(mr))
-	dereg := make(chan error, 1)
-	go func() { dereg <- e.DeregMR(mr) }()
-	early := false
-	for i := 0; i < 20000 && !early; i++ {
-		runtime.Gosched()
-		select {
-		case err := <-dereg:
-			dereg <- err
-			early = true
-		default:
-		}
-	}
+	require.ErrorIs(t, e.DeregMR(mr), placement.ErrRemapInProgress)
 	require.NotPanics(t, func() {
 		assert.NoError(t, r.Finish())
 		r.Release()
 	})
-	require.NoError(t, <-dereg)
-	require.False(t, early, "DeregMR returned while the remap was in progress")
+	require.NoError(t, e.DeregMR(mr))
 	require.Zero(t, e.PinnedBytes(), "the pin (on the new frames) is released")
 	require.NoError(t, as.Free(hostmem.AddrOf(buf), len(buf)))
 }
@@ -249,4 +244,38 @@ func TestRemapODPUnalignedMRRecopiesDirtyPages(t *testing.T) {
 	r.Release()
 	require.Equal(t, string(msg), string(buf[off:off+uint64(len(msg))]), "the new frames have the WRITE")
 	require.Equal(t, 1, r.Recopied, "the written page is copied again")
+}
+
+// TestDeregMRDuringAbandonedRemap: DeregMR of an MR whose remap was
+// prepared and never released nor aborted returns ErrBusy (EBUSY, as
+// ReregMR does) naming the remap, instead of waiting for ever; after the
+// Abort it deregisters.
+func TestDeregMRDuringAbandonedRemap(t *testing.T) {
+	as, err := hostmem.NewAddressSpace(hostmem.Config{Size: 16 << 20})
+	require.NoError(t, err)
+	e := placement.New(placement.Config{AddressSpace: as})
+	buf, err := as.Alloc(2 * 4096)
+	require.NoError(t, err)
+	mr, err := e.RegMR(pd1, buf, rw)
+	require.NoError(t, err)
+	r, err := e.PrepareRemap(mr)
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- e.DeregMR(mr) }()
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, placement.ErrBusy)
+		require.ErrorIs(t, err, unix.EBUSY)
+		require.ErrorIs(t, err, placement.ErrRemapInProgress)
+	case <-ctx.Done():
+		t.Fatal("DeregMR blocked on a remap that is never finished")
+	}
+	require.Equal(t, placement.OK, write(e, pd1, 0, mr.RKey(), mr.Addr(), []byte{7}), "the MR is still registered")
+	r.Abort()
+	require.NoError(t, e.DeregMR(mr))
+	require.NoError(t, as.Free(hostmem.AddrOf(buf), len(buf)))
+	require.NoError(t, as.Close())
 }

@@ -32,8 +32,19 @@ type MWBind struct {
 	RKey uint32             // the window's new rkey: the same index, a new key byte (IncRKey)
 	Info placement.BindInfo // the MR, the window's range and rights
 	// verb: posted by QP.BindMW (ibv_bind_mw), the only way to bind a
-	// type 1 window.
-	verb bool
+	// type 1 window; posted is its key change (MW.PostRKey), settled
+	// when the WQE completes or is discarded.
+	verb   bool
+	posted placement.PostedBind
+}
+
+// settleBind settles the type 1 bind w posted by QP.BindMW (MW.Settle):
+// ok, it executed. Caller holds sq; called once per such WQE, when it
+// completes (complete) or is discarded (resetLocked).
+func settleBind(w *sendWQE, ok bool) {
+	if w.wr.Opcode == WRBindMW && w.wr.BindMW.verb && w.wr.BindMW.MW != nil {
+		w.wr.BindMW.MW.Settle(w.wr.BindMW.posted, ok)
+	}
 }
 
 // localState is a local operation WQE's progress.
@@ -71,7 +82,7 @@ func checkLocalWR(wr *SendWR) error {
 	case wr.Opcode == WRBindMW && wr.BindMW.MW.Type() == placement.MWType1 && !wr.BindMW.verb:
 		// libibverbs: a type 1 window is bound with ibv_bind_mw, a type
 		// 2 one with IBV_WR_BIND_MW (mlx5, ionic: EINVAL). A BIND_MW
-		// posted for a type 1 window would also bypass MW.NextRKey, so
+		// posted for a type 1 window would also bypass MW.PostRKey, so
 		// that the next QP.BindMW could reuse the key of the binding it
 		// made (a stale rkey would then reach the new binding).
 		return fmt.Errorf("%w: a type 1 window is bound with QP.BindMW (ibv_bind_mw)", ErrBadOpcode)
@@ -113,7 +124,11 @@ func (qp *QP) runLocal(w *sendWQE) bool {
 	case WRBindMW:
 		st = WCMWBindErr
 		b := &w.wr.BindMW
-		inv, err = e.BindMW(qp.pd, uint32(qp.qpn), b.MW, b.RKey, b.Info)
+		if b.verb {
+			inv, err = e.BindPosted(qp.pd, uint32(qp.qpn), qp.alive, b.MW, b.posted, b.Info)
+		} else {
+			inv, err = e.BindMWLive(qp.pd, uint32(qp.qpn), qp.alive, b.MW, b.RKey, b.Info)
+		}
 	}
 	if err != nil {
 		qp.dev.logf("softrdma: QP %d: %v: %v", qp.qpn, w.wr.Opcode, err)
@@ -131,6 +146,11 @@ func (qp *QP) runLocal(w *sendWQE) bool {
 	qp.retireLocal()
 	return true
 }
+
+// alive reports whether the QP has not been destroyed; a bind that waited
+// for another operation executes only if it still has not (DestroyQP sets
+// destroyed before it releases the QP's type 2 windows).
+func (qp *QP) alive() bool { return !qp.destroyed.Load() }
 
 // passLocal moves the requester past the local operation at its index.
 // Caller holds sq.
@@ -154,10 +174,14 @@ func (qp *QP) takeLocalWait() localWait {
 // finishLocal waits for the invalidation lw and completes its WQE (in
 // order) unless the QP was reset meanwhile. If the QP went to ERR while it
 // waited, flush stopped at the WQE: it completes successfully (it took
-// effect) and the WQEs behind it are flushed now. Called without sq, from
-// the send worker; the placement-level operation completes either way.
+// effect) and the WQEs behind it are flushed now. A bind that waited for
+// another operation on its window or MR (placement.Engine.BindMW) is
+// checked and executed only after that wait, and may fail then: it
+// completes with IBV_WC_MW_BIND_ERR and the QP goes to ERR, as a bind that
+// fails at once does (runLocal). Called without sq, from the send worker;
+// the placement-level operation completes either way.
 func (qp *QP) finishLocal(lw localWait) {
-	lw.inv.Wait()
+	err := lw.inv.Wait()
 	qp.sq.Lock()
 	if lw.idx < qp.comp.idx || lw.idx >= qp.sq.head {
 		qp.sq.Unlock()
@@ -165,13 +189,27 @@ func (qp *QP) finishLocal(lw localWait) {
 	}
 	flush := false
 	if w := &qp.sq.wqe[lw.idx%uint64(len(qp.sq.wqe))]; w.local == localWaiting {
-		w.local = localDone
-		qp.retireLocal()
-		qp.progress()
-		flush = qp.State() == QPStateErr
+		if err != nil {
+			qp.dev.logf("softrdma: QP %d: %v: %v", qp.qpn, w.wr.Opcode, err)
+			w.local = localNone
+			st := WCLocQPOpErr
+			if w.wr.Opcode == WRBindMW {
+				st = WCMWBindErr
+			}
+			qp.fail(w, st)
+			qp.fatal = false // flushed below, without sq
+			qp.progress()
+			flush = true
+		} else {
+			w.local = localDone
+			qp.retireLocal()
+			qp.progress()
+			flush = qp.State() == QPStateErr
+		}
 	}
 	qp.sq.Unlock()
 	if flush {
+		qp.releaseResp() // the receive WQE in use completes first
 		qp.flush()
 	}
 }
@@ -223,13 +261,20 @@ func (qp *QP) invalidateIETH(p *wire.Packet, path *path, b *txBatch) bool {
 }
 
 // BindMW binds a type 1 memory window (ibv_bind_mw): it posts a BIND_MW
-// work request with the window's next rkey (MW.NextRKey: ibv_inc_rkey of
-// the last one handed out) and returns that rkey, which names the window
-// once the request has executed; Length 0 unbinds it. The completion
-// (WCBindMW) is generated if flags has SendSignaled (or the QP signals
-// all); a bind that fails completes with WCMWBindErr and moves the QP to
-// ERR. A type 2 window is bound with a BIND_MW work request posted with
-// PostSend. Errors, with nothing posted: a nil or type 2 window
+// work request with the window's next rkey (ibv_inc_rkey of MW.RKey) and
+// returns that rkey, which names the window once the request has
+// executed; Length 0 unbinds it. MW.RKey returns the new rkey as soon as
+// BindMW returns, as rdma-core's ibv_bind_mw updates ibv_mw.rkey when its
+// post succeeds (providers/rxe rxe_bind_mw, mlx5_bind_mw), and the
+// previous one again if the bind fails. The completion (WCBindMW) is
+// generated if flags has SendSignaled (or the QP signals all); a bind that
+// fails completes with WCMWBindErr and moves the QP to ERR, as in rxe. Binds
+// of one window by several QPs execute one after the other (a bind that
+// reaches a window another QP is rebinding waits for it, as rxe serialises
+// them under the window's lock), in the order they were posted: a bind
+// that executes before one posted earlier fails (rxe_bind_mw: the key it
+// was posted against, mw_rkey, is not the window's). A type 2 window is
+// bound with a BIND_MW work request posted with PostSend. Errors, with nothing posted: a nil or type 2 window
 // (ErrBadOpcode); an MR of another PD than the window's (EPERM), a
 // zero-based window, an address or length without an MR (EINVAL), as
 // rdma-core's rxe provider checks them; and those of PostSend.
@@ -248,11 +293,14 @@ func (qp *QP) BindMW(mw *placement.MW, wrid uint64, flags SendFlags, info placem
 	case info.MR != nil && info.MR.PD() != mw.PD():
 		return 0, fmt.Errorf("transport: bind MW: the MR's PD is not the window's: %w", syscall.EPERM)
 	}
-	rkey := mw.NextRKey()
+	// ibv_mw.rkey changes now (MW.RKey), as rdma-core's ibv_bind_mw
+	// sets it once its post succeeds; a failed post undoes it.
+	p := mw.PostRKey()
 	_, err := qp.PostSend(SendWR{WRID: wrid, Opcode: WRBindMW, Flags: flags,
-		BindMW: MWBind{MW: mw, RKey: rkey, Info: info, verb: true}})
+		BindMW: MWBind{MW: mw, RKey: p.RKey, Info: info, verb: true, posted: p}})
 	if err != nil {
+		mw.Settle(p, false)
 		return 0, err
 	}
-	return rkey, nil
+	return p.RKey, nil
 }

@@ -600,6 +600,11 @@ func (qp *QP) bindCursors() {
 // discarded without completions (IBTA 10.3.1: RESET clears the queues).
 func (qp *QP) resetLocked() {
 	qp.commEst.Store(false) // a new connection raises EventCommEst again
+	for i := qp.comp.idx; i < qp.sq.head; i++ {
+		if w := &qp.sq.wqe[i%uint64(len(qp.sq.wqe))]; !w.done {
+			settleBind(w, false) // never completes: its ibv_mw.rkey is undone
+		}
+	}
 	qp.sq.head = 0
 	qp.req = reqState{}
 	qp.comp = compState{}
@@ -695,6 +700,7 @@ func (qp *QP) flush() {
 func (qp *QP) complete(w *sendWQE, st WCStatus, force bool) {
 	w.done = true
 	w.status = st
+	settleBind(w, st == WCSuccess)
 	if st == WCSuccess && !force && !qp.sigAll && w.wr.Flags&SendSignaled == 0 {
 		return
 	}
