@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net"
+	"regexp"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -114,12 +115,15 @@ func TestDeadLinkBoundsBothSides(t *testing.T) {
 				`the peer or the path to it is probably dead \(a link that died takes the exchange's TCP connection with it; `,
 			idle + peerGrace + 3*time.Second},
 		{"send-bw -D", SendBW, Params{Duration: 300 * time.Millisecond}, 200 * time.Millisecond,
-			`^-D 300ms: the work requests still outstanding did not complete within 300ms`,
+			`^-D 300ms: the work requests still outstanding did not complete within 300ms after the run, and no result came ` +
+				`from the peer at 127\.0\.0\.1:\d+ in the 300ms after that \(300ms \+ 300ms \+ 300ms allowed, (\d+\.\d)s waited in all\): ` +
+				`the peer or the path to it is probably dead`,
 			`^-D 300ms: the peer's run did not end and no result came from it within 900ms \(the duration, 300ms for its work requests ` +
 				`still outstanding, and 300ms for its result\): the peer or the path to it is probably dead`,
 			900*time.Millisecond + 3*time.Second},
 		{"write-bw -D", WriteBW, Params{Duration: 300 * time.Millisecond}, 200 * time.Millisecond,
-			`^-D 300ms: the work requests still outstanding did not complete within 300ms`,
+			`^-D 300ms: the work requests still outstanding did not complete within 300ms after the run, and no result came ` +
+				`from the peer at 127\.0\.0\.1:\d+ in the 300ms after that \(300ms \+ 300ms \+ 300ms allowed, (\d+\.\d)s waited in all\): `,
 			`^-D 300ms: the peer's run did not end and no result came from it within 900ms`,
 			900*time.Millisecond + 3*time.Second},
 	} {
@@ -139,6 +143,15 @@ func TestDeadLinkBoundsBothSides(t *testing.T) {
 			took := time.Since(start) // until both sides returned
 			require.Error(t, r.cliErr)
 			assert.Regexp(t, tc.cliWant, r.cliErr.Error())
+			assert.NotContains(t, r.cliErr.Error(), "context deadline exceeded", "Go's text, not the user's")
+			if m := regexp.MustCompile(tc.cliWant).FindStringSubmatch(r.cliErr.Error()); len(m) > 1 {
+				// The time said is the time waited: at least the three
+				// limits (0.9s), at most the test's own bound.
+				waited, err := time.ParseDuration(m[1] + "s")
+				require.NoError(t, err)
+				assert.GreaterOrEqual(t, waited, 900*time.Millisecond, "the client's error says it waited %v", waited)
+				assert.Less(t, waited, tc.within)
+			}
 			require.Error(t, r.srvErr)
 			assert.Regexp(t, tc.srvWant, r.srvErr.Error())
 			assert.NotContains(t, r.srvErr.Error(), "context deadline exceeded", "the pair's own time limit ended the server")

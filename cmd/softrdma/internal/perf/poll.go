@@ -187,10 +187,53 @@ func (s *session) draining() bool {
 // gave up at the same time); any other error is returned as it is.
 func (s *session) boundErr(parent context.Context, err error) error {
 	if s.p.Duration > 0 && errors.Is(err, context.DeadlineExceeded) && !errors.Is(parent.Err(), context.DeadlineExceeded) {
-		return fmt.Errorf("-D %v: the work requests still outstanding did not complete within %v after it ended "+
-			"(is the peer alive? the QPs retry for ever, retry_cnt 7 as on rxe): %w", s.p.Duration, drainLimit(s.p.Duration), err)
+		return &drainError{d: s.p.Duration, drain: drainLimit(s.p.Duration), peer: s.peerLabel(), start: s.roundStart}
 	}
 	return err
+}
+
+// drainError is the expiry of a -D run's drain limit (session.bounded):
+// the work requests still outstanding drain after the duration did not
+// complete. round fills in what followed: whether the peer's result then
+// came (resultWait, noResult) and how long this side waited in all
+// (waited, measured from the round's start, not computed from the
+// limits). It reads without Go's "context deadline exceeded".
+type drainError struct {
+	d, drain time.Duration
+	peer     string    // "IP:PORT" of the exchange, or the -R peer's IP
+	start    time.Time // the round's start (its run, after the barrier)
+	// Set by round once the wait for the peer's result is over.
+	noResult   bool          // the peer's result did not come either
+	resultWait time.Duration // how long it was waited for
+	waited     time.Duration // from start to the end of that wait
+}
+
+func (e *drainError) Error() string {
+	total := ""
+	if e.waited > 0 {
+		total = fmt.Sprintf(", %.1fs waited in all", e.waited.Seconds())
+	}
+	if e.noResult {
+		return fmt.Sprintf("-D %v: the work requests still outstanding did not complete within %v after the run, "+
+			"and no result came from the peer at %s in the %v after that (%v + %v + %v allowed%s): "+
+			"the peer or the path to it is probably dead (the QPs retry for ever, retry_cnt 7 as on rxe; "+
+			"each wait is max(10s, -D))", e.d, e.drain, e.peer, e.resultWait, e.d, e.drain, e.resultWait, total)
+	}
+	return fmt.Sprintf("-D %v: the work requests still outstanding did not complete within %v after the run "+
+		"(%v + %v allowed%s): is the peer at %s alive? (the QPs retry for ever, retry_cnt 7 as on rxe; "+
+		"the wait is max(10s, -D))", e.d, e.drain, e.d, e.drain, total, e.peer)
+}
+
+// peerLabel names the peer in messages: the exchange's "IP:PORT" over
+// TCP, else (-R) the peer's IP.
+func (s *session) peerLabel() string {
+	if s.peerTCP != "" {
+		return s.peerTCP
+	}
+	if s.tcpRemote.IsValid() {
+		return s.tcpRemote.String()
+	}
+	return "?"
 }
 
 // watchIdle returns ctx, cancelled once o.IdleTimeout passes without

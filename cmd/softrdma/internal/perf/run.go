@@ -883,6 +883,7 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 	if testHookRunSide != nil {
 		testHookRunSide(s)
 	}
+	s.roundStart = time.Now()
 	mine, runErr := s.runSide(ictx, size, targetFn, known)
 	idle.Stop()
 	s.idle = nil
@@ -908,7 +909,12 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 		// own result will not cross the dead path either.
 		return mine, peer, cmp.Or(runErr, sendErr)
 	}
-	pm, waited := s.peerResult(peerc, s.resultWait(runErr, idle.Expired()))
+	wait := s.resultWait(runErr, idle.Expired())
+	pm, waited := s.peerResult(peerc, wait)
+	var de *drainError
+	if errors.As(runErr, &de) {
+		de.noResult, de.resultWait, de.waited = !waited, wait, time.Since(de.start)
+	}
 	if !waited {
 		if runErr != nil {
 			return mine, peer, runErr

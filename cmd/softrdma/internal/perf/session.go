@@ -90,6 +90,9 @@ type session struct {
 	// expires, in Unix nanoseconds; 0 when none is running. Read by the
 	// goroutine that waits for the peer's result (round).
 	boundEnd atomic.Int64
+	// roundStart is when this side's run of the current round started
+	// (after its barrier): what drainError measures its wait from.
+	roundStart time.Time
 	// idle is the idle watch of the round's run (-n, --idle-timeout;
 	// nil: none), set before the run and read by its loops.
 	idle *idlewatch.Watch
