@@ -4,6 +4,9 @@ import (
 	"context"
 	"io"
 	"net"
+	"os"
+	"path/filepath"
+	"regexp"
 	"strconv"
 	"testing"
 	"time"
@@ -189,4 +192,20 @@ func TestIdleTimeoutRestartsOnCompletions(t *testing.T) {
 	r := runPair(t, WriteBW, Options{IdleTimeout: 400 * time.Millisecond},
 		Options{Params: Params{Size: 1 << 20, Iters: 600, TxDepth: 1, CQMod: 1}, IdleTimeout: 400 * time.Millisecond})
 	requireOK(t, r)
+}
+
+// TestIdleTimeoutWithFileSaysTheFile: a --file run whose packets are all
+// lost fails on --idle-timeout (on either side: both have completions)
+// with the file's messages as what was asked,
+// not "-n 5000", a default the user never gave and the run never used
+// (a file of 40000 bytes in 4096-byte messages is 10 of them).
+func TestIdleTimeoutWithFileSaysTheFile(t *testing.T) {
+	in := filepath.Join(t.TempDir(), "in.bin")
+	require.NoError(t, os.WriteFile(in, make([]byte, 40000), 0o644))
+	r := runPair(t, WriteBW, Options{IdleTimeout: 300 * time.Millisecond, Out: filepath.Join(t.TempDir(), "out.bin")},
+		Options{Params: Params{Size: 4096}, File: in, Impair: "loss=1", IdleTimeout: 300 * time.Millisecond})
+	require.Error(t, r.cliErr)
+	assert.Regexp(t, `^(peer: )?no completion for 300ms \(--idle-timeout\) after 0 of 10 messages \((--file `+
+		regexp.QuoteMeta(in)+`|the peer's --file): 40000 bytes in 4096-byte messages\): the peer or the path to it is probably dead`, r.cliErr.Error())
+	assert.NotContains(t, r.cliErr.Error(), "-n ")
 }

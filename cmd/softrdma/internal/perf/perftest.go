@@ -479,7 +479,7 @@ func (s *session) ptRunSide(ctx context.Context, sizes []int64) error {
 		case err != nil && idle.Expired() && s.passive():
 			return s.passiveIdleErr(idle)
 		case err != nil && idle.Expired():
-			return s.idleErr(idle, asked)
+			return s.idleErr(idle, asked, 0) // (perftest's exchange carries no file)
 		}
 		return err
 	}

@@ -320,12 +320,23 @@ func (s *session) passiveIdleErr(w *idlewatch.Watch) error {
 
 // idleErr is the error of a run that the watch ended: asked is the
 // number of iterations the run was to do (all QPs').
-func (s *session) idleErr(w *idlewatch.Watch, asked int64) error {
-	n := fmt.Sprintf("-n %d", s.p.Iters)
-	if s.p.QPs > 1 {
+// The count is what the user asked for (session.asked): -n (× -q), or,
+// for a file stream, the file's messages: "(--file disk.iso: 1048576
+// bytes in 65536-byte messages)", never an -n the user did not give.
+func (s *session) idleErr(w *idlewatch.Watch, asked int64, size int64) error {
+	what, n := "iterations", fmt.Sprintf("-n %d", s.p.Iters)
+	switch {
+	case s.streams() && s.fileSize >= 0:
+		what = "messages"
+		file := "the peer's --file"
+		if s.o.File != "" {
+			file = "--file " + s.o.File
+		}
+		n = fmt.Sprintf("%s: %d bytes in %d-byte messages", file, s.fileSize, size)
+	case asked != s.p.Iters && s.p.QPs > 1:
 		n += fmt.Sprintf(" × -q %d", s.p.QPs)
 	}
-	return fmt.Errorf("no completion for %v (--idle-timeout) after %d of %d iterations (%s): "+
+	return fmt.Errorf("no completion for %v (--idle-timeout) after %d of %d %s (%s): "+
 		"the peer or the path to it is probably dead (the QPs retry for ever, retry_cnt 7 as on rxe; "+
-		"--idle-timeout 0 waits for ever)", w.Limit(), w.Count(), asked, n)
+		"--idle-timeout 0 waits for ever)", w.Limit(), w.Count(), asked, what, n)
 }

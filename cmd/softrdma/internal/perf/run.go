@@ -894,7 +894,7 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 			runErr = s.passiveIdleErr(idle)
 		}
 	case runErr != nil && idle.Expired():
-		runErr = s.idleErr(idle, s.asked(size))
+		runErr = s.idleErr(idle, s.asked(size), size)
 	case runErr != nil && rctx.Err() == nil && errors.As(context.Cause(bctx), &nr):
 		runErr = nr
 	}
