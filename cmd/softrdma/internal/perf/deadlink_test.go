@@ -198,9 +198,15 @@ func TestPeerGoneMidRunIsNamed(t *testing.T) {
 		r := runPairWith(t, WriteBW, Options{}, Options{Params: Params{Size: 4096, Iters: 100_000_000}},
 			pairOpts{timeout: 30 * time.Second, via: func(addr string) int { proxyPort = p.listen(t, addr); return proxyPort }})
 		require.Error(t, r.srvErr)
-		assert.Regexp(t, `^the peer at 127\.0\.0\.1:\d+ closed the connection \((unexpected EOF|connection reset)\) while this side waited for its result$`,
+		// The server (passive: it serves the client's WRITEs) was
+		// serving the run when the client's connection closed.
+		assert.Regexp(t, `^the peer at 127\.0\.0\.1:\d+ closed the connection \((unexpected EOF|connection reset)\) `+
+			`during the run, which this side was serving; no result came from it \(was its process killed\?\)$`,
 			r.srvErr.Error())
 		require.Error(t, r.cliErr)
+		// The client was still posting its 100000000 WRITEs.
+		assert.Regexp(t, `^the peer at 127\.0\.0\.1:\d+ closed the connection \((unexpected EOF|connection reset)\) `+
+			`while this side was still running the test; no result came from it`, r.cliErr.Error())
 	})
 	t.Run("interrupted", func(t *testing.T) {
 		var cancel context.CancelFunc

@@ -911,6 +911,12 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 	}
 	wait := s.resultWait(runErr, idle.Expired())
 	pm, waited := s.peerResult(peerc, wait)
+	var ce *exchange.ClosedError
+	if waited && errors.As(pm.err, &ce) {
+		// A run cut short by the close (its context cancelled) was
+		// still going; one that ended otherwise was over.
+		ce.Doing = s.closedDuring(runErr == nil || !errors.Is(runErr, context.Canceled))
+	}
 	var de *drainError
 	if errors.As(runErr, &de) {
 		de.noResult, de.resultWait, de.waited = !waited, wait, time.Since(de.start)
@@ -960,6 +966,20 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 		return mine, peer, &exchange.PeerError{Reason: pv.Err}
 	}
 	return mine, peer, nil
+}
+
+// closedDuring says what this side was doing when the peer closed the
+// exchange's connection before sending its round's result (its process
+// killed, mid-run): still running the test, serving the peer's run
+// (passive), or waiting for the result after its own run ended.
+func (s *session) closedDuring(runEnded bool) string {
+	switch {
+	case runEnded:
+		return "after this side's run ended, before sending its result (was its process killed?)"
+	case s.passive():
+		return "during the run, which this side was serving; no result came from it (was its process killed?)"
+	}
+	return "while this side was still running the test; no result came from it (was its process killed?)"
 }
 
 // testHookRunSide, if set (by tests), is called when a round's run starts
