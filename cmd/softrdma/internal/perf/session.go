@@ -250,6 +250,13 @@ func (s *session) cmUsedMTU() {
 // buffer.
 func (s *session) setup() error {
 	var err error
+	if s.o.Pcap != "" && s.p.Duration > 0 {
+		// A capture holds every payload byte the run moves, and a -D
+		// run moves as much as it can: hundreds of MB a second over
+		// loopback (107 MB for -D 200ms on a 2-vCPU machine).
+		s.logf("softrdma: warning: --pcap %s records every packet of the -D %v run: about its BW average × %v "+
+			"in bytes (hundreds of MB a second over loopback); -n bounds it", s.o.Pcap, s.p.Duration, s.p.Duration)
+	}
 	if s.dev == nil {
 		if err = s.openDevice(); err != nil {
 			return err
