@@ -224,6 +224,10 @@ func (e *drainError) Error() string {
 		"the wait is max(10s, -D))", e.d, e.drain, e.d, e.drain, total, e.peer)
 }
 
+// Unwrap returns context.DeadlineExceeded: the drain limit expired
+// (errors.Is works; the text does not say it).
+func (e *drainError) Unwrap() error { return context.DeadlineExceeded }
+
 // peerLabel names the peer in messages: the exchange's "IP:PORT" over
 // TCP, else (-R) the peer's IP.
 func (s *session) peerLabel() string {
