@@ -445,8 +445,10 @@ func (s *session) localInfos() []exchange.QPInfo {
 
 // connect exchanges the round's QP data with the peer, connects every QP
 // and waits until both sides are ready to send (RTS on both ends).
-func (s *session) connect(ctx context.Context) error {
-	remote, err := s.xch.ExchangeQPs(ctx, s.server, s.localInfos())
+// xctx bounds the wait for the peer's QP data (the first round's: the
+// setup time limit), ctx the rest.
+func (s *session) connect(ctx, xctx context.Context) error {
+	remote, err := s.xch.ExchangeQPs(xctx, s.server, s.localInfos())
 	if err != nil {
 		return err
 	}
