@@ -936,7 +936,7 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 	if testHookRunSide != nil {
 		testHookRunSide(s)
 	}
-	s.roundStart = time.Now()
+	s.roundStart = s.clock()
 	mine, runErr := s.runSide(ictx, size, targetFn, known)
 	idle.Stop()
 	s.idle = nil

@@ -93,6 +93,9 @@ type session struct {
 	// roundStart is when this side's run of the current round started
 	// (after its barrier): what drainError measures its wait from.
 	roundStart time.Time
+	// now, if set (by tests), replaces time.Now as the receivers' clock
+	// (sendBWServer, pull: recvClock).
+	now func() time.Time
 	// idle is the idle watch of the round's run (-n, --idle-timeout;
 	// nil: none), set before the run and read by its loops.
 	idle *idlewatch.Watch
@@ -500,3 +503,43 @@ func checkWC(wc *softrdma.WC) error {
 }
 
 var errStopped = errors.New("stopped")
+
+// clock returns the time: s.now's, if set, else time.Now's.
+func (s *session) clock() time.Time {
+	if s.now != nil {
+		return s.now()
+	}
+	return time.Now()
+}
+
+// recvClock is the clock of a side that receives messages (the send-bw
+// server, a stream's sink): as perftest's receiver
+// (set_on_first_rx_packet), it starts at the first completion, not when
+// this side was ready, so that neither the wait for the sender's first
+// message (the barrier's latency, the sender's own setup) nor the
+// messages that completed while this side was posting its receives skew
+// the rate. A run whose messages all completed in the first poll has no
+// interval to time: it is timed from the round's start barrier instead.
+type recvClock struct {
+	s           *session
+	first, last time.Time
+}
+
+// tick records a poll that found completions of messages at now.
+func (c *recvClock) tick(now time.Time) {
+	if c.first.IsZero() {
+		c.first = now
+	}
+	c.last = now
+}
+
+// elapsed is the time from the first completion to the last.
+func (c *recvClock) elapsed() time.Duration {
+	if c.last.After(c.first) {
+		return c.last.Sub(c.first)
+	}
+	if !c.last.IsZero() && !c.s.roundStart.IsZero() {
+		return c.last.Sub(c.s.roundStart)
+	}
+	return 0
+}
