@@ -519,7 +519,8 @@ func (s *session) clock() time.Time {
 // message (the barrier's latency, the sender's own setup) nor the
 // messages that completed while this side was posting its receives skew
 // the rate. A run whose messages all completed in the first poll has no
-// interval to time: it is timed from the round's start barrier instead.
+// interval to time: it is timed from the round's start barrier instead
+// (with perftest's exchange, from the end of its setup).
 type recvClock struct {
 	s           *session
 	first, last time.Time
