@@ -166,6 +166,7 @@ func (s *session) bounded(ctx context.Context) (context.Context, context.CancelF
 		return ctx, func() {}
 	}
 	d := s.p.Duration + drainLimit(s.p.Duration)
+	s.boundUsed = true
 	s.boundEnd.Store(time.Now().Add(d).UnixNano())
 	bctx, cancel := context.WithTimeout(ctx, d)
 	return bctx, func() {

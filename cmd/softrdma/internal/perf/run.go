@@ -936,7 +936,7 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 	if testHookRunSide != nil {
 		testHookRunSide(s)
 	}
-	s.roundStart = s.clock()
+	s.roundStart, s.boundUsed = s.clock(), false
 	mine, runErr := s.runSide(ictx, size, targetFn, known)
 	idle.Stop()
 	s.idle = nil
@@ -948,6 +948,13 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 		}
 	case runErr != nil && idle.Expired():
 		runErr = s.idleErr(idle, s.asked(size), size)
+	case runErr != nil && rctx.Err() == nil && errors.As(context.Cause(bctx), &nr) && s.boundUsed:
+		// A side that posts the work had its own bound (the duration
+		// and drainLimit) expire first; a loaded machine can let
+		// resultBound's, later, end its run before it saw that.
+		if !errors.As(runErr, new(*drainError)) {
+			runErr = &drainError{d: s.p.Duration, drain: drainLimit(s.p.Duration), peer: s.peerLabel(), start: s.roundStart}
+		}
 	case runErr != nil && rctx.Err() == nil && errors.As(context.Cause(bctx), &nr):
 		runErr = nr
 	}

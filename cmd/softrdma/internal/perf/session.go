@@ -93,6 +93,9 @@ type session struct {
 	// roundStart is when this side's run of the current round started
 	// (after its barrier): what drainError measures its wait from.
 	roundStart time.Time
+	// boundUsed is whether this side's run of the round was bounded by
+	// session.bounded (it posts the work, with -D).
+	boundUsed bool
 	// now, if set (by tests), replaces time.Now as the receivers' clock
 	// (sendBWServer, pull: recvClock).
 	now func() time.Time
