@@ -68,7 +68,7 @@ type toolCmd struct {
 	Seed        uint64   `hidden:"" help:"Seed of the --verify pattern (default: random)."`
 
 	// perftest interoperability (docs/interop.md).
-	ConnectTimeout time.Duration `name:"connect-timeout" placeholder:"DURATION" help:"Client: keep retrying a refused connection for this long (default: one attempt, as perftest). With -R: retry a REQ the server rejects (not listening yet), and give up when no CM reply came by then (default: the CM's 15 retries, 71s)."`
+	ConnectTimeout time.Duration `name:"connect-timeout" placeholder:"DURATION" help:"Client: keep retrying a refused connection for this long, and give up on a server that does not answer by then (default: one attempt, as perftest; an unanswered SYN then takes the kernel's 2 minutes). With -R: retry a REQ the server rejects (not listening yet), and give up when no CM reply came by then (default: the CM's 15 retries, 71s)."`
 	IdleTimeout    time.Duration `name:"idle-timeout" default:"10s" placeholder:"DURATION" help:"With -n, fail when no completion arrives for this long (each one restarts it): the QPs retry for ever (retry_cnt 7, as rxe), so a dead peer or path would hang the run (0: wait for ever, as perftest). 100ms to 24h."`
 	Stat           bool          `name:"stat" help:"Print the device's non-zero counters at the end (as rc-pingpong --stat)."`
 	MaxMem         msgSize       `name:"max-mem" placeholder:"BYTES" help:"Most bytes of buffers this side allocates (-q × the region of -s); a server takes -s and -q from its client. Default: 4G."`

@@ -251,8 +251,17 @@ func formatRoCE(b *strings.Builder, p, roce gopacket.Packet) (isRoCE, icrcOK, ma
 	udp, _ := p.Layer(golayers.LayerTypeUDP).(*golayers.UDP)
 	bth, _ := roce.Layer(layers.LayerTypeBTH).(*layers.BTH)
 	if udp == nil || bth == nil {
-		if udp != nil && udp.DstPort == wire.RoCEv2Port && p.ErrorLayer() != nil {
+		switch {
+		case udp == nil || udp.DstPort != wire.RoCEv2Port:
+		case p.ErrorLayer() != nil:
 			fmt.Fprintf(b, "%s -> %s malformed RoCEv2: %v", endpoint(srcIP(p), udp.SrcPort), endpoint(dstIP(p), udp.DstPort), p.ErrorLayer().Error())
+			return true, false, true
+		case len(udp.Payload) < wire.BTHSize+wire.ICRCSize:
+			// An empty datagram: gopacket decodes no layer from no
+			// bytes, so reports no error. The device drops it (and
+			// any shorter than a BTH and ICRC) as drop_short.
+			fmt.Fprintf(b, "%s -> %s malformed RoCEv2: too short (%d bytes of UDP payload; a BTH and its ICRC take %d), as the device's drop_short",
+				endpoint(srcIP(p), udp.SrcPort), endpoint(dstIP(p), udp.DstPort), len(udp.Payload), wire.BTHSize+wire.ICRCSize)
 			return true, false, true
 		}
 		return false, false, false

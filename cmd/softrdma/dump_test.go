@@ -317,8 +317,8 @@ func TestDumpOffPort(t *testing.T) {
 	assert.Contains(t, all[2], "Ethernet/IPv4/UDP/Payload")
 }
 
-// TestDumpTruncatedFrames: a datagram to port 4791 too short for a BTH is
-// counted as a malformed RoCEv2 packet, not as a bad ICRC (its ICRC cannot
+// TestDumpTruncatedFrames: a datagram to port 4791 too short for a BTH,
+// an empty one too, is counted as a malformed RoCEv2 packet, not as a bad ICRC (its ICRC cannot
 // be checked), and a frame whose IPv4 header is cut short is printed
 // without "<nil>" addresses.
 func TestDumpTruncatedFrames(t *testing.T) {
@@ -334,14 +334,26 @@ func TestDumpTruncatedFrames(t *testing.T) {
 	buf := gopacket.NewSerializeBuffer()
 	require.NoError(t, gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true},
 		eth, ip, udp, gopacket.Payload{0x04, 0, 0xff}))
-	frame := buf.Bytes()
-	for _, b := range [][]byte{frame, frame[:14+10]} { // the datagram; the frame cut inside the IPv4 header
+	frame := bytes.Clone(buf.Bytes())
+	// An empty datagram (UDP length 8) to port 4791: the device drops it
+	// as drop_short (shorter than a BTH and ICRC, 16 bytes).
+	buf = gopacket.NewSerializeBuffer()
+	require.NoError(t, gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true},
+		eth, ip, udp))
+	empty := buf.Bytes()
+	for _, b := range [][]byte{frame, frame[:14+10], empty} { // the datagram; the frame cut inside the IPv4 header; the empty datagram
 		require.NoError(t, w.WritePacket(gopacket.CaptureInfo{Timestamp: time.Unix(1, 0), CaptureLength: len(b), Length: len(b)}, b))
 	}
 	require.NoError(t, f.Close())
 
 	all, summary := dumpLines(t, "-a", path)
-	assert.Equal(t, "# 2 frames, 1 RoCEv2 packets, ICRC 0 ok, 0 bad, 1 malformed (not checked)", summary)
+	assert.Equal(t, "# 3 frames, 2 RoCEv2 packets, ICRC 0 ok, 0 bad, 2 malformed (not checked)", summary)
 	assert.Contains(t, all[1], "10.0.0.1:49152 -> 10.0.0.2:4791 malformed RoCEv2")
 	assert.NotContains(t, all[2], "<nil>")
+	assert.Regexp(t, `^3 0\.000000 10\.0\.0\.1:49152 -> 10\.0\.0\.2:4791 malformed RoCEv2: too short \(0 bytes of UDP payload; `+
+		`a BTH and its ICRC take 16\), as the device's drop_short$`, all[3])
+	// Without -a too: it is a RoCEv2 datagram, and counted.
+	lines, summary := dumpLines(t, path)
+	assert.Equal(t, "# 3 frames, 2 RoCEv2 packets, ICRC 0 ok, 0 bad, 2 malformed (not checked)", summary)
+	assert.Contains(t, lines, 3)
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/softrdma/softrdma"
 	"github.com/softrdma/softrdma/cmd/softrdma/internal/perf"
 	"github.com/softrdma/softrdma/cmd/softrdma/internal/report"
+	"github.com/softrdma/softrdma/transport"
 	"github.com/softrdma/softrdma/transport/conn"
 	"github.com/softrdma/softrdma/transport/pcaptap"
 )
@@ -314,20 +315,38 @@ func hashFile(path string) (int64, string, error) {
 }
 
 // legend explains the counters an ibverbs user misreads, each entry
-// printed when one of its counters is not zero (docs/cli.md, "demo").
+// printed when one of its counters is not zero (docs/cli.md, "demo"). The
+// meanings are Linux rxe's (rxe_hw_counters.c, and where rxe_comp.c,
+// rxe_resp.c count them) and transport.Counters' for softrdma's own.
 var legend = []struct {
 	names []string
 	text  string
 }{
 	{[]string{"rdma_sends", "rdma_recvs"},
 		"rdma_sends/rdma_recvs: RDMA WRITE and READ requests sent/executed, as rxe counts them (SENDs are not counted)"},
-	{[]string{"send_rnr_err", "rcvd_rnr_err", "drop_rnr", "naks_sent"},
-		"send_rnr_err/rcvd_rnr_err/drop_rnr/naks_sent: RNR NAKs, a SEND that came before its receive was posted (the tools post\n" +
-			"   theirs as a stream starts); the sender retries after the RNR timer: a few on a clean run are a race, not loss"},
-	{[]string{"out_of_seq_request", "drop_psn_out_of_window"},
-		"out_of_seq_request/drop_psn_out_of_window: requests that followed a NAKed one, dropped until it is sent again"},
+	{[]string{"send_rnr_err", "rcvd_rnr_err", "drop_rnr"},
+		"send_rnr_err/rcvd_rnr_err: RNR NAKs sent by a responder/received by a requester (drop_rnr: the requests they answered), a SEND\n" +
+			"   that came before its receive was posted (the tools post theirs as a stream starts); the sender retries after the\n" +
+			"   RNR timer: a few on a clean run are a race, not loss"},
+	{[]string{"rcvd_seq_err"},
+		"rcvd_seq_err: PSN sequence error NAKs received: the responder saw a gap (a request packet lost or reordered), and\n" +
+			"   the requester goes back to the NAKed PSN"},
+	{[]string{"naks_sent"},
+		"naks_sent: NAKs of every kind sent by a responder: PSN sequence error, RNR and the others (not an rxe counter)"},
+	{[]string{"completer_retry_err", "retransmit_timeouts"},
+		"completer_retry_err: go-back-N retries started, after a PSN sequence error NAK or the retransmit timer, as rxe's\n" +
+			"   completer counts them; retransmit_timeouts: those the timer started (-u; not an rxe counter)"},
 	{[]string{"retransmits"},
-		"retransmits: request packets sent again, after an RNR NAK, a NAK or a timeout (not an rxe counter)"},
+		"retransmits: request packets sent again, by those retries or after an RNR NAK (not an rxe counter)"},
+	{[]string{"duplicate_request"},
+		"duplicate_request: requests received again (a retransmission of one already done): answered again, not executed twice"},
+	{[]string{"out_of_seq_request", "drop_psn_out_of_window"},
+		"out_of_seq_request/drop_psn_out_of_window: requests past a gap in the PSNs, dropped (the gap NAKed once) until\n" +
+			"   the missing one is sent again"},
+	{[]string{"drop_duplicate_response"},
+		"drop_duplicate_response: ACKs or responses for PSNs already acknowledged (a retransmission's); harmless"},
+	{[]string{"impair_tx_dropped", "impair_rx_dropped", "impair_reordered", "impair_duplicated", "impair_corrupted", "impair_delayed"},
+		"impair_*: datagrams --impair dropped (on send: tx, on receive: rx), reordered, duplicated, corrupted or delayed"},
 	{[]string{"drop_unknown_qpn"},
 		"drop_unknown_qpn: a packet for a QP already destroyed (late at the end of a transfer: under --impair, a\n" +
 			"   retransmission or duplicate); harmless"},
@@ -336,7 +355,12 @@ var legend = []struct {
 // printCounters prints the hw_counters that are not zero on either NIC,
 // then the legend of those that need one.
 func printCounters(w io.Writer, devs [2]*softrdma.Device) {
-	a, b := devs[0].Snapshot(), devs[1].Snapshot()
+	writeCounters(w, devs[0].Snapshot(), devs[1].Snapshot())
+}
+
+// writeCounters is printCounters for the two NICs' snapshots a and b (the
+// same counters in the same order, as Device.Snapshot returns them).
+func writeCounters(w io.Writer, a, b []transport.Counter) {
 	fmt.Fprintf(w, " %-28s %14s %14s\n", "hw_counters (non-zero)", "host A", "host B")
 	shown := map[string]bool{}
 	for i := range a {

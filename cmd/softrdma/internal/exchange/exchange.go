@@ -77,12 +77,17 @@ func (e *PeerError) Error() string { return "peer: " + e.Reason }
 // ClosedError is a connection the peer closed or reset (its process
 // killed, or ended after a failure it could not send) while this side
 // waited for a message: "the peer at 10.0.0.2:41234 closed the connection
-// (unexpected EOF) while this side waited for its result". It unwraps to
-// the cause (io.ErrUnexpectedEOF, ECONNRESET, EPIPE).
+// (unexpected EOF) while this side waited for the peer's sync". The
+// caller may say what this side was doing instead (Doing): "... while
+// this side was still running the test; no result came from it". It
+// unwraps to the cause (io.ErrUnexpectedEOF, ECONNRESET, EPIPE).
 type ClosedError struct {
 	Peer    netip.AddrPort
 	Waiting MsgType // the message this side waited for
 	Err     error
+	// Doing, if set, replaces "while this side waited for the peer's
+	// <Waiting>": what this side was doing and what it missed.
+	Doing string
 }
 
 func (e *ClosedError) Error() string {
@@ -93,7 +98,11 @@ func (e *ClosedError) Error() string {
 	case errors.Is(e.Err, syscall.EPIPE):
 		why = "broken pipe"
 	}
-	return fmt.Sprintf("the peer at %v closed the connection (%s) while this side waited for its %v", e.Peer, why, e.Waiting)
+	doing := e.Doing
+	if doing == "" {
+		doing = fmt.Sprintf("while this side waited for the peer's %v", e.Waiting)
+	}
+	return fmt.Sprintf("the peer at %v closed the connection (%s) %s", e.Peer, why, doing)
 }
 
 func (e *ClosedError) Unwrap() error { return e.Err }

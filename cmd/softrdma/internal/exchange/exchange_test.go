@@ -254,7 +254,7 @@ func TestRecvNamesAPeerThatClosed(t *testing.T) {
 		if reset {
 			why = "connection reset"
 		}
-		assert.EqualError(t, err, "the peer at "+pc.LocalAddr().String()+" closed the connection ("+why+") while this side waited for its result")
+		assert.EqualError(t, err, "the peer at "+pc.LocalAddr().String()+" closed the connection ("+why+") while this side waited for the peer's result")
 		var ce *ClosedError
 		assert.ErrorAs(t, err, &ce)
 		if !reset {

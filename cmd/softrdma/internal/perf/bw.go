@@ -237,8 +237,7 @@ func (s *session) sendBWServer(ctx context.Context, size int64, target func() (i
 	pl := s.newPoller()
 	peak := report.NewPeakTracker(size, recvPeakWindow(&s.p))
 	var total int64
-	start := time.Now()
-	last := start
+	rc := recvClock{s: s}
 	for {
 		t, ok := target()
 		if ok && total >= t {
@@ -255,7 +254,7 @@ func (s *session) sendBWServer(ctx context.Context, size int64, target func() (i
 			}
 			return report.BW{}, err
 		}
-		now := time.Now()
+		now := s.clock()
 		for i := range wcs {
 			wc := &wcs[i]
 			if err := checkWC(wc); err != nil {
@@ -274,12 +273,12 @@ func (s *session) sendBWServer(ctx context.Context, size int64, target func() (i
 			}
 		}
 		if len(wcs) > 0 {
-			last = now
+			rc.tick(now)
 			peak.Add(now, total)
 			s.idle.Done(total)
 		}
 	}
-	r := report.BW{Bytes: size, Iterations: total, Elapsed: last.Sub(start)}
+	r := report.BW{Bytes: size, Iterations: total, Elapsed: rc.elapsed()}
 	r.PeakBps = durationPeak(&s.p, peak, r.AvgBps())
 	return r, nil
 }

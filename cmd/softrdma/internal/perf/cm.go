@@ -280,9 +280,15 @@ func (s *session) cmSession(ctx context.Context) error {
 	// as the QP retries, for ever with retry count 7).
 	stop := context.AfterFunc(ctx, func() { s.ch.Close() })
 	defer stop()
+	// The setup time limit starts now, as at a TCP connection: a peer
+	// that connected its channel and then says nothing (its version, its
+	// hello or reply) fails the run instead of holding it.
+	s.startSetupLimit()
+	s.ch.SetDeadline(s.setupEnd)
 	native, err := pt.ExchangeVersions(!s.o.Perftest)
+	s.ch.SetDeadline(time.Time{})
 	if err != nil {
-		return ctxErr(ctx, err)
+		return ctxErr(ctx, s.setupErr(ctx, "version", err))
 	}
 	if !native {
 		s.pt = pt

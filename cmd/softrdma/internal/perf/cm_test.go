@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"strings"
@@ -16,6 +17,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/softrdma/softrdma"
+	"github.com/softrdma/softrdma/cmd/softrdma/internal/cmchan"
+	"github.com/softrdma/softrdma/rdmacm"
 	"github.com/softrdma/softrdma/softrdmatest"
 	"github.com/softrdma/softrdma/transport/conn"
 )
@@ -210,5 +213,46 @@ func TestIdleTimeoutPerftestExchange(t *testing.T) {
 			require.Error(t, r.srvErr)
 			assert.Less(t, time.Since(start), 20*time.Second)
 		})
+	}
+}
+
+// TestRDMACMSetupBoundsASilentPeer: with -R, a client whose CM connects
+// the exchange's channel and which then says nothing (no version, no
+// hello) fails the server's run after the setup time limit, as over TCP,
+// naming the peer and the limit, instead of holding it for ever.
+func TestRDMACMSetupBoundsASilentPeer(t *testing.T) {
+	open := func() *softrdma.Device {
+		d, err := softrdma.Open(softrdma.Config{Addr: netip.MustParseAddrPort("127.0.0.1:0"), Logf: t.Logf})
+		require.NoError(t, err)
+		t.Cleanup(func() { d.Close() })
+		return d
+	}
+	sd, cd := open(), open()
+	ready := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		_, err := Run(context.Background(), &Options{Test: WriteBW, RDMACM: true, Device: sd, Bind: "127.0.0.1", Port: 47219,
+			SetupTimeout: 300 * time.Millisecond, Logf: t.Logf, Stdout: io.Discard, Ready: func(net.Addr) { close(ready) }})
+		done <- err
+	}()
+	<-ready
+	cm, err := rdmacm.Open(cd, rdmacm.Options{Logf: t.Logf})
+	require.NoError(t, err)
+	defer cm.Close()
+	pd, err := cd.AllocPD()
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	ch, err := cmchan.Dial(ctx, cm, cd, pd, netip.MustParseAddrPort("127.0.0.1:47219"),
+		rdmacm.ConnParam{RetryCount: 7, RNRRetryCount: 7, RoCEPort: sd.LocalAddr().Port()})
+	require.NoError(t, err)
+	defer ch.Close()
+	select {
+	case err := <-done:
+		require.Error(t, err)
+		assert.EqualError(t, err, "the peer at 127.0.0.1 connected but did not complete the exchange within 300ms: "+
+			"is it a softrdma or perftest peer?")
+	case <-ctx.Done():
+		t.Fatal("the -R server waits for ever for a silent client")
 	}
 }

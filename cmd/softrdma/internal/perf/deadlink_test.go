@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net"
+	"regexp"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -114,12 +115,15 @@ func TestDeadLinkBoundsBothSides(t *testing.T) {
 				`the peer or the path to it is probably dead \(a link that died takes the exchange's TCP connection with it; `,
 			idle + peerGrace + 3*time.Second},
 		{"send-bw -D", SendBW, Params{Duration: 300 * time.Millisecond}, 200 * time.Millisecond,
-			`^-D 300ms: the work requests still outstanding did not complete within 300ms`,
+			`^-D 300ms: the work requests still outstanding did not complete within 300ms after the run, and no result came ` +
+				`from the peer at 127\.0\.0\.1:\d+ in the 300ms after that \(300ms \+ 300ms \+ 300ms allowed, (\d+\.\d)s waited in all\): ` +
+				`the peer or the path to it is probably dead`,
 			`^-D 300ms: the peer's run did not end and no result came from it within 900ms \(the duration, 300ms for its work requests ` +
 				`still outstanding, and 300ms for its result\): the peer or the path to it is probably dead`,
 			900*time.Millisecond + 3*time.Second},
 		{"write-bw -D", WriteBW, Params{Duration: 300 * time.Millisecond}, 200 * time.Millisecond,
-			`^-D 300ms: the work requests still outstanding did not complete within 300ms`,
+			`^-D 300ms: the work requests still outstanding did not complete within 300ms after the run, and no result came ` +
+				`from the peer at 127\.0\.0\.1:\d+ in the 300ms after that \(300ms \+ 300ms \+ 300ms allowed, (\d+\.\d)s waited in all\): `,
 			`^-D 300ms: the peer's run did not end and no result came from it within 900ms`,
 			900*time.Millisecond + 3*time.Second},
 	} {
@@ -139,6 +143,15 @@ func TestDeadLinkBoundsBothSides(t *testing.T) {
 			took := time.Since(start) // until both sides returned
 			require.Error(t, r.cliErr)
 			assert.Regexp(t, tc.cliWant, r.cliErr.Error())
+			assert.NotContains(t, r.cliErr.Error(), "context deadline exceeded", "Go's text, not the user's")
+			if m := regexp.MustCompile(tc.cliWant).FindStringSubmatch(r.cliErr.Error()); len(m) > 1 {
+				// The time said is the time waited: at least the three
+				// limits (0.9s), at most the test's own bound.
+				waited, err := time.ParseDuration(m[1] + "s")
+				require.NoError(t, err)
+				assert.GreaterOrEqual(t, waited, 900*time.Millisecond, "the client's error says it waited %v", waited)
+				assert.Less(t, waited, tc.within)
+			}
 			require.Error(t, r.srvErr)
 			assert.Regexp(t, tc.srvWant, r.srvErr.Error())
 			assert.NotContains(t, r.srvErr.Error(), "context deadline exceeded", "the pair's own time limit ended the server")
@@ -185,9 +198,15 @@ func TestPeerGoneMidRunIsNamed(t *testing.T) {
 		r := runPairWith(t, WriteBW, Options{}, Options{Params: Params{Size: 4096, Iters: 100_000_000}},
 			pairOpts{timeout: 30 * time.Second, via: func(addr string) int { proxyPort = p.listen(t, addr); return proxyPort }})
 		require.Error(t, r.srvErr)
-		assert.Regexp(t, `^the peer at 127\.0\.0\.1:\d+ closed the connection \((unexpected EOF|connection reset)\) while this side waited for its result$`,
+		// The server (passive: it serves the client's WRITEs) was
+		// serving the run when the client's connection closed.
+		assert.Regexp(t, `^the peer at 127\.0\.0\.1:\d+ closed the connection \((unexpected EOF|connection reset)\) `+
+			`during the run, which this side was serving; no result came from it \(was its process killed\?\)$`,
 			r.srvErr.Error())
 		require.Error(t, r.cliErr)
+		// The client was still posting its 100000000 WRITEs.
+		assert.Regexp(t, `^the peer at 127\.0\.0\.1:\d+ closed the connection \((unexpected EOF|connection reset)\) `+
+			`while this side was still running the test; no result came from it`, r.cliErr.Error())
 	})
 	t.Run("interrupted", func(t *testing.T) {
 		var cancel context.CancelFunc

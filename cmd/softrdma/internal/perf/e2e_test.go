@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -494,6 +495,41 @@ func TestMTUAgreement(t *testing.T) {
 			line := fmt.Sprintf(" Mtu             : %d[B]\n", tc.want)
 			assert.Contains(t, r.srvOut, line, "server")
 			assert.Contains(t, r.cliOut, line, "client")
+		})
+	}
+}
+
+// TestReceiverClockStartsAtTheFirstMessage: the send-bw receiver's
+// bandwidth, with --verify (a stream's sink) and without, is timed as
+// perftest's receiver times it (set_on_first_rx_packet): from its first
+// completion to its last, not from when it was ready to receive. Its
+// clock (injected) reads an hour later once the first packet arrived, as
+// if the sender had started an hour after the barrier: that hour is not
+// in the receiver's time, whose messages then take a millisecond a poll.
+func TestReceiverClockStartsAtTheFirstMessage(t *testing.T) {
+	for _, verify := range []bool{false, true} {
+		t.Run(fmt.Sprintf("verify=%v", verify), func(t *testing.T) {
+			base := time.Unix(1_000_000, 0)
+			testHookRunSide = func(s *session) {
+				if !s.server {
+					return
+				}
+				var polls atomic.Int64
+				rx := &s.dev.Counters().RcvdPkts
+				s.now = func() time.Time {
+					if rx.Load() == 0 {
+						return base
+					}
+					return base.Add(time.Hour + time.Duration(polls.Add(1))*time.Millisecond)
+				}
+			}
+			t.Cleanup(func() { testHookRunSide = nil })
+			r := runPair(t, SendBW, Options{}, Options{Params: Params{Size: 4096, Iters: 200, TxDepth: 16, Verify: verify}})
+			requireOK(t, r)
+			require.Len(t, r.srv.Report.BW, 1)
+			el := r.srv.Report.BW[0].ElapsedSec
+			assert.Positive(t, el)
+			assert.Less(t, el, 60.0, "the hour before the first message is not the receiver's time")
 		})
 	}
 }

@@ -4,12 +4,18 @@ import (
 	"context"
 	"io"
 	"net"
+	"os"
+	"path/filepath"
+	"regexp"
 	"strconv"
 	"testing"
 	"time"
 
+	"github.com/softrdma/softrdma/cmd/softrdma/internal/exchange"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 )
 
 // fakeServer listens on a loopback port for one connection, sends it say
@@ -189,4 +195,97 @@ func TestIdleTimeoutRestartsOnCompletions(t *testing.T) {
 	r := runPair(t, WriteBW, Options{IdleTimeout: 400 * time.Millisecond},
 		Options{Params: Params{Size: 1 << 20, Iters: 600, TxDepth: 1, CQMod: 1}, IdleTimeout: 400 * time.Millisecond})
 	requireOK(t, r)
+}
+
+// TestIdleTimeoutWithFileSaysTheFile: a --file run whose packets are all
+// lost fails on --idle-timeout (on either side: both have completions)
+// with the file's messages as what was asked,
+// not "-n 5000", a default the user never gave and the run never used
+// (a file of 40000 bytes in 4096-byte messages is 10 of them).
+func TestIdleTimeoutWithFileSaysTheFile(t *testing.T) {
+	in := filepath.Join(t.TempDir(), "in.bin")
+	require.NoError(t, os.WriteFile(in, make([]byte, 40000), 0o644))
+	r := runPair(t, WriteBW, Options{IdleTimeout: 300 * time.Millisecond, Out: filepath.Join(t.TempDir(), "out.bin")},
+		Options{Params: Params{Size: 4096}, File: in, Impair: "loss=1", IdleTimeout: 300 * time.Millisecond})
+	require.Error(t, r.cliErr)
+	assert.Regexp(t, `^(peer: )?no completion for 300ms \(--idle-timeout\) after 0 of 10 messages \((--file `+
+		regexp.QuoteMeta(in)+`|the peer's --file): 40000 bytes in 4096-byte messages\): the peer or the path to it is probably dead`, r.cliErr.Error())
+	assert.NotContains(t, r.cliErr.Error(), "-n ")
+}
+
+// unansweredListener returns the address of a loopback listener that
+// answers no further SYN: its accept queue (listen backlog 0) holds one
+// connection, never accepted, and Linux drops a SYN to a full queue, as a
+// firewall's DROP rule or a host that is down leaves it unanswered.
+func unansweredListener(t *testing.T) string {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	require.NoError(t, err)
+	t.Cleanup(func() { unix.Close(fd) })
+	require.NoError(t, unix.Bind(fd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}))
+	require.NoError(t, unix.Listen(fd, 0))
+	sa, err := unix.Getsockname(fd)
+	require.NoError(t, err)
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(sa.(*unix.SockaddrInet4).Port))
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second) // fills the queue
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	return addr
+}
+
+// TestConnectTimeoutBoundsAnUnansweredSYN: --connect-timeout bounds a
+// connection attempt whose SYN nothing answers (the kernel would retry it
+// for about 2 minutes), and the error names the address and the flag,
+// not "i/o timeout" or "context canceled".
+func TestConnectTimeoutBoundsAnUnansweredSYN(t *testing.T) {
+	addr := unansweredListener(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	start := time.Now()
+	host, port, _ := net.SplitHostPort(addr)
+	p, _ := strconv.Atoi(port)
+	_, err := Run(ctx, &Options{Test: WriteBW, Server: host, Port: p, Bind: "127.0.0.1:0", ConnectTimeout: 300 * time.Millisecond})
+	require.Error(t, err)
+	assert.Equal(t, "connect to the server: no answer from "+addr+" within --connect-timeout 300ms "+
+		"(its host is down, or a firewall drops the connection)", err.Error())
+	assert.Less(t, time.Since(start), 10*time.Second, "the test's own 20s limit ended it")
+	require.NoError(t, ctx.Err(), "the test's own limit ended it")
+}
+
+// TestSetupBoundsAPeerSilentAfterItsHello: a client that completes the
+// setup (versions, hello; it takes the reply) and then sends nothing, not
+// its QP data, fails the server's run after the setup time limit, counted
+// afresh once the server is ready for that data, with a message naming
+// the peer and what it did not send, instead of holding it for ever.
+func TestSetupBoundsAPeerSilentAfterItsHello(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() {
+		_, err := Run(context.Background(), &Options{Test: WriteBW, Listener: ln, Bind: "127.0.0.1:0",
+			SetupTimeout: 300 * time.Millisecond, Logf: t.Logf, Stdout: io.Discard})
+		done <- err
+	}()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	defer c.Close()
+	native, err := exchange.NewPerftest(c, true).ExchangeVersions(true)
+	require.NoError(t, err)
+	require.True(t, native)
+	x, err := exchange.New(c)
+	require.NoError(t, err)
+	defer x.Close()
+	p := Params{Size: 4096, Iters: 50}
+	p.Defaults(WriteBW)
+	p.Seed, p.FileSize = 1, -1
+	require.NoError(t, x.SendJSON(exchange.MsgHello, &p))
+	var r reply
+	require.NoError(t, x.RecvJSON(context.Background(), exchange.MsgReply, &r))
+	select {
+	case err := <-done:
+		require.Error(t, err)
+		assert.EqualError(t, err, "the peer at "+c.LocalAddr().String()+
+			" said hello but sent no QP data within 300ms (the setup time limit): is it stopped, or its host or the path down?")
+	case <-time.After(20 * time.Second):
+		t.Fatal("the server waits for ever for a client silent after its hello")
+	}
 }

@@ -69,9 +69,10 @@ func (s *session) addRow(w io.Writer, text bool, mine, peer *roundResult) {
 		// does (write_bw.c: xchg_bw_reports, then the remote report),
 		// with --verify and --file too, where it has completions of its
 		// own: it sees only when messages were placed, not when they
-		// were posted, and its clock started after it posted its
-		// receives, by which time a short run (-n 5) may have arrived
-		// whole: 51263 MB/sec for the client's 143.
+		// were posted, and its clock starts at the first (recvClock),
+		// so a short run (-n 5) that arrives in a poll or two has
+		// hardly an interval to time (it once showed 51263 MB/sec for
+		// the client's 143).
 		r = peer.BW
 	}
 	if r == nil {

@@ -461,6 +461,7 @@ func (s *session) ptRunSide(ctx context.Context, sizes []int64) error {
 	if testHookRunSide != nil {
 		testHookRunSide(s)
 	}
+	s.roundStart = s.clock() // (recvClock's start if every message came in one poll)
 	asked := s.p.Iters
 	if !s.test.IsLat() {
 		asked *= int64(s.p.QPs)
@@ -479,7 +480,7 @@ func (s *session) ptRunSide(ctx context.Context, sizes []int64) error {
 		case err != nil && idle.Expired() && s.passive():
 			return s.passiveIdleErr(idle)
 		case err != nil && idle.Expired():
-			return s.idleErr(idle, asked)
+			return s.idleErr(idle, asked, 0) // (perftest's exchange carries no file)
 		}
 		return err
 	}

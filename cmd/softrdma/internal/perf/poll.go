@@ -166,6 +166,7 @@ func (s *session) bounded(ctx context.Context) (context.Context, context.CancelF
 		return ctx, func() {}
 	}
 	d := s.p.Duration + drainLimit(s.p.Duration)
+	s.boundUsed = true
 	s.boundEnd.Store(time.Now().Add(d).UnixNano())
 	bctx, cancel := context.WithTimeout(ctx, d)
 	return bctx, func() {
@@ -187,10 +188,57 @@ func (s *session) draining() bool {
 // gave up at the same time); any other error is returned as it is.
 func (s *session) boundErr(parent context.Context, err error) error {
 	if s.p.Duration > 0 && errors.Is(err, context.DeadlineExceeded) && !errors.Is(parent.Err(), context.DeadlineExceeded) {
-		return fmt.Errorf("-D %v: the work requests still outstanding did not complete within %v after it ended "+
-			"(is the peer alive? the QPs retry for ever, retry_cnt 7 as on rxe): %w", s.p.Duration, drainLimit(s.p.Duration), err)
+		return &drainError{d: s.p.Duration, drain: drainLimit(s.p.Duration), peer: s.peerLabel(), start: s.roundStart}
 	}
 	return err
+}
+
+// drainError is the expiry of a -D run's drain limit (session.bounded):
+// the work requests still outstanding drain after the duration did not
+// complete. round fills in what followed: whether the peer's result then
+// came (resultWait, noResult) and how long this side waited in all
+// (waited, measured from the round's start, not computed from the
+// limits). It reads without Go's "context deadline exceeded".
+type drainError struct {
+	d, drain time.Duration
+	peer     string    // "IP:PORT" of the exchange, or the -R peer's IP
+	start    time.Time // the round's start (its run, after the barrier)
+	// Set by round once the wait for the peer's result is over.
+	noResult   bool          // the peer's result did not come either
+	resultWait time.Duration // how long it was waited for
+	waited     time.Duration // from start to the end of that wait
+}
+
+func (e *drainError) Error() string {
+	total := ""
+	if e.waited > 0 {
+		total = fmt.Sprintf(", %.1fs waited in all", e.waited.Seconds())
+	}
+	if e.noResult {
+		return fmt.Sprintf("-D %v: the work requests still outstanding did not complete within %v after the run, "+
+			"and no result came from the peer at %s in the %v after that (%v + %v + %v allowed%s): "+
+			"the peer or the path to it is probably dead (the QPs retry for ever, retry_cnt 7 as on rxe; "+
+			"each wait is max(10s, -D))", e.d, e.drain, e.peer, e.resultWait, e.d, e.drain, e.resultWait, total)
+	}
+	return fmt.Sprintf("-D %v: the work requests still outstanding did not complete within %v after the run "+
+		"(%v + %v allowed%s): is the peer at %s alive? (the QPs retry for ever, retry_cnt 7 as on rxe; "+
+		"the wait is max(10s, -D))", e.d, e.drain, e.d, e.drain, total, e.peer)
+}
+
+// Unwrap returns context.DeadlineExceeded: the drain limit expired
+// (errors.Is works; the text does not say it).
+func (e *drainError) Unwrap() error { return context.DeadlineExceeded }
+
+// peerLabel names the peer in messages: the exchange's "IP:PORT" over
+// TCP, else (-R) the peer's IP.
+func (s *session) peerLabel() string {
+	if s.peerTCP != "" {
+		return s.peerTCP
+	}
+	if s.tcpRemote.IsValid() {
+		return s.tcpRemote.String()
+	}
+	return "?"
 }
 
 // watchIdle returns ctx, cancelled once o.IdleTimeout passes without
@@ -277,12 +325,23 @@ func (s *session) passiveIdleErr(w *idlewatch.Watch) error {
 
 // idleErr is the error of a run that the watch ended: asked is the
 // number of iterations the run was to do (all QPs').
-func (s *session) idleErr(w *idlewatch.Watch, asked int64) error {
-	n := fmt.Sprintf("-n %d", s.p.Iters)
-	if s.p.QPs > 1 {
+// The count is what the user asked for (session.asked): -n (× -q), or,
+// for a file stream, the file's messages: "(--file disk.iso: 1048576
+// bytes in 65536-byte messages)", never an -n the user did not give.
+func (s *session) idleErr(w *idlewatch.Watch, asked int64, size int64) error {
+	what, n := "iterations", fmt.Sprintf("-n %d", s.p.Iters)
+	switch {
+	case s.streams() && s.fileSize >= 0:
+		what = "messages"
+		file := "the peer's --file"
+		if s.o.File != "" {
+			file = "--file " + s.o.File
+		}
+		n = fmt.Sprintf("%s: %d bytes in %d-byte messages", file, s.fileSize, size)
+	case asked != s.p.Iters && s.p.QPs > 1:
 		n += fmt.Sprintf(" × -q %d", s.p.QPs)
 	}
-	return fmt.Errorf("no completion for %v (--idle-timeout) after %d of %d iterations (%s): "+
+	return fmt.Errorf("no completion for %v (--idle-timeout) after %d of %d %s (%s): "+
 		"the peer or the path to it is probably dead (the QPs retry for ever, retry_cnt 7 as on rxe; "+
-		"--idle-timeout 0 waits for ever)", w.Limit(), w.Count(), asked, n)
+		"--idle-timeout 0 waits for ever)", w.Limit(), w.Count(), asked, what, n)
 }

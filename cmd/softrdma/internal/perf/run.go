@@ -347,11 +347,7 @@ const DefaultSetupTimeout = 10 * time.Second
 // returns whether both sides speak softrdma's exchange. On failure it
 // closes c and explains a peer that is not a softrdma or perftest tool.
 func (s *session) exchangeVersions(ctx context.Context, c net.Conn, pt *exchange.Perftest) (bool, error) {
-	limit := s.o.SetupTimeout
-	if limit <= 0 {
-		limit = DefaultSetupTimeout
-	}
-	s.setupLimit, s.setupEnd = limit, time.Now().Add(limit)
+	s.startSetupLimit()
 	s.peerTCP = c.RemoteAddr().String()
 	c.SetDeadline(s.setupEnd)
 	stop := context.AfterFunc(ctx, func() { c.Close() })
@@ -363,6 +359,22 @@ func (s *session) exchangeVersions(ctx context.Context, c net.Conn, pt *exchange
 		return false, ctxErr(ctx, s.setupErr(ctx, "version", err))
 	}
 	return native, nil
+}
+
+// setupTimeout is the setup time limit: Options.SetupTimeout, else
+// DefaultSetupTimeout.
+func (s *session) setupTimeout() time.Duration {
+	if s.o.SetupTimeout > 0 {
+		return s.o.SetupTimeout
+	}
+	return DefaultSetupTimeout
+}
+
+// startSetupLimit starts the setup time limit (setupCtx): at the TCP
+// connection, or (-R) once the CM connected the exchange's channel.
+func (s *session) startSetupLimit() {
+	s.setupLimit = s.setupTimeout()
+	s.setupEnd = time.Now().Add(s.setupLimit)
 }
 
 // setupCtx returns ctx ending when the setup's time limit does (if this
@@ -383,10 +395,10 @@ func (s *session) setupErr(ctx context.Context, what string, err error) error {
 	var np *exchange.NotPeerError
 	switch {
 	case errors.As(err, &np):
-		return fmt.Errorf("the peer at %s is not a softrdma or perftest peer: it sent %q", s.peerTCP, np.Got)
+		return fmt.Errorf("the peer at %s is not a softrdma or perftest peer: it sent %q", s.peerLabel(), np.Got)
 	case ctx.Err() == nil && (errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, context.DeadlineExceeded)):
 		return &setupError{fmt.Sprintf("the peer at %s connected but did not complete the exchange within %v: "+
-			"is it a softrdma or perftest peer?", s.peerTCP, s.setupLimit), err}
+			"is it a softrdma or perftest peer?", s.peerLabel(), s.setupLimit), err}
 	case ctx.Err() == nil && s.peerTCP != "" && peerClosed(err):
 		// (With -R there is no TCP peer: the channel's own error says it.)
 		return &setupError{fmt.Sprintf("the peer at %s closed the connection before sending its %s", s.peerTCP, what), err}
@@ -556,17 +568,32 @@ func (s *session) finishOut(err error) error {
 const retryEvery = 200 * time.Millisecond
 
 // dial connects to addr, retrying a refused or unreachable connection
-// (the server not listening yet) until timeout has passed.
+// (the server not listening yet) until timeout has passed. A timeout also
+// bounds each attempt: a SYN that nothing answers (a host that is down, a
+// firewall that drops it) would otherwise be retried by the kernel for
+// about 2 minutes (tcp_syn_retries 6); the error then names the address
+// and the flag. Without a timeout, one attempt, as perftest's.
 func dial(ctx context.Context, addr string, timeout time.Duration) (net.Conn, error) {
 	deadline := time.Now().Add(timeout)
 	var d net.Dialer
 	for {
-		c, err := d.DialContext(ctx, "tcp", addr)
+		dctx, cancel := ctx, context.CancelFunc(func() {})
+		if timeout > 0 {
+			dctx, cancel = context.WithDeadline(ctx, deadline)
+		}
+		c, err := d.DialContext(dctx, "tcp", addr)
+		// (The dialer ends at the deadline itself, "i/o timeout",
+		// which can come before dctx's own timer.)
+		expired := timeout > 0 && (dctx.Err() != nil || errors.Is(err, os.ErrDeadlineExceeded))
+		cancel()
 		if err == nil {
 			return c, nil
 		}
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
+		}
+		if expired {
+			return nil, &noAnswerError{addr: addr, timeout: timeout}
 		}
 		retry := errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EHOSTUNREACH)
 		if !retry || time.Now().Add(retryEvery).After(deadline) {
@@ -578,6 +605,18 @@ func dial(ctx context.Context, addr string, timeout time.Duration) (net.Conn, er
 			return nil, ctx.Err()
 		}
 	}
+}
+
+// noAnswerError is a connection attempt that --connect-timeout ended
+// while its SYN was unanswered (or refusals were retried until then).
+type noAnswerError struct {
+	addr    string
+	timeout time.Duration
+}
+
+func (e *noAnswerError) Error() string {
+	return fmt.Sprintf("no answer from %s within --connect-timeout %v (its host is down, or a firewall drops the connection)",
+		e.addr, e.timeout)
 }
 
 // tcpAddrs returns the local and remote IPs of a TCP connection.
@@ -740,7 +779,21 @@ func (s *session) run(ctx context.Context) error {
 		if err := s.createRound(size); err != nil {
 			return err
 		}
-		if err := s.connect(ctx); err != nil {
+		// The peer's QP data of the first round is the last step of the
+		// setup: a peer that said hello and then nothing (stopped, or
+		// not a tool that goes on) fails the run after the setup time
+		// limit, counted afresh from here, instead of holding it.
+		xctx, xcancel := ctx, context.CancelFunc(func() {})
+		if i == 0 {
+			xctx, xcancel = context.WithTimeout(ctx, s.setupTimeout())
+		}
+		err := s.connect(ctx, xctx)
+		xcancel()
+		if err != nil {
+			if ctx.Err() == nil && xctx.Err() != nil {
+				return &setupError{fmt.Sprintf("the peer at %s said hello but sent no QP data within %v (the setup time limit): "+
+					"is it stopped, or its host or the path down?", s.peerLabel(), s.setupTimeout()), err}
+			}
 			return err
 		}
 		if i == 0 && text {
@@ -883,6 +936,7 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 	if testHookRunSide != nil {
 		testHookRunSide(s)
 	}
+	s.roundStart, s.boundUsed = s.clock(), false
 	mine, runErr := s.runSide(ictx, size, targetFn, known)
 	idle.Stop()
 	s.idle = nil
@@ -893,7 +947,14 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 			runErr = s.passiveIdleErr(idle)
 		}
 	case runErr != nil && idle.Expired():
-		runErr = s.idleErr(idle, s.asked(size))
+		runErr = s.idleErr(idle, s.asked(size), size)
+	case runErr != nil && rctx.Err() == nil && errors.As(context.Cause(bctx), &nr) && s.boundUsed:
+		// A side that posts the work had its own bound (the duration
+		// and drainLimit) expire first; a loaded machine can let
+		// resultBound's, later, end its run before it saw that.
+		if !errors.As(runErr, new(*drainError)) {
+			runErr = &drainError{d: s.p.Duration, drain: drainLimit(s.p.Duration), peer: s.peerLabel(), start: s.roundStart}
+		}
 	case runErr != nil && rctx.Err() == nil && errors.As(context.Cause(bctx), &nr):
 		runErr = nr
 	}
@@ -908,7 +969,18 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 		// own result will not cross the dead path either.
 		return mine, peer, cmp.Or(runErr, sendErr)
 	}
-	pm, waited := s.peerResult(peerc, s.resultWait(runErr, idle.Expired()))
+	wait := s.resultWait(runErr, idle.Expired())
+	pm, waited := s.peerResult(peerc, wait)
+	var ce *exchange.ClosedError
+	if waited && errors.As(pm.err, &ce) {
+		// A run cut short by the close (its context cancelled) was
+		// still going; one that ended otherwise was over.
+		ce.Doing = s.closedDuring(runErr == nil || !errors.Is(runErr, context.Canceled))
+	}
+	var de *drainError
+	if errors.As(runErr, &de) {
+		de.noResult, de.resultWait, de.waited = !waited, wait, time.Since(de.start)
+	}
 	if !waited {
 		if runErr != nil {
 			return mine, peer, runErr
@@ -954,6 +1026,20 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 		return mine, peer, &exchange.PeerError{Reason: pv.Err}
 	}
 	return mine, peer, nil
+}
+
+// closedDuring says what this side was doing when the peer closed the
+// exchange's connection before sending its round's result (its process
+// killed, mid-run): still running the test, serving the peer's run
+// (passive), or waiting for the result after its own run ended.
+func (s *session) closedDuring(runEnded bool) string {
+	switch {
+	case runEnded:
+		return "after this side's run ended, before sending its result (was its process killed?)"
+	case s.passive():
+		return "during the run, which this side was serving; no result came from it (was its process killed?)"
+	}
+	return "while this side was still running the test; no result came from it (was its process killed?)"
 }
 
 // testHookRunSide, if set (by tests), is called when a round's run starts

@@ -90,6 +90,15 @@ type session struct {
 	// expires, in Unix nanoseconds; 0 when none is running. Read by the
 	// goroutine that waits for the peer's result (round).
 	boundEnd atomic.Int64
+	// roundStart is when this side's run of the current round started
+	// (after its barrier): what drainError measures its wait from.
+	roundStart time.Time
+	// boundUsed is whether this side's run of the round was bounded by
+	// session.bounded (it posts the work, with -D).
+	boundUsed bool
+	// now, if set (by tests), replaces time.Now as the receivers' clock
+	// (sendBWServer, pull: recvClock).
+	now func() time.Time
 	// idle is the idle watch of the round's run (-n, --idle-timeout;
 	// nil: none), set before the run and read by its loops.
 	idle *idlewatch.Watch
@@ -247,6 +256,13 @@ func (s *session) cmUsedMTU() {
 // buffer.
 func (s *session) setup() error {
 	var err error
+	if s.o.Pcap != "" && s.p.Duration > 0 {
+		// A capture holds every payload byte the run moves, and a -D
+		// run moves as much as it can: hundreds of MB a second over
+		// loopback (107 MB for -D 200ms on a 2-vCPU machine).
+		s.logf("softrdma: warning: --pcap %s records every packet of the -D %v run: about its BW average × %v "+
+			"in bytes (hundreds of MB a second over loopback); -n bounds it", s.o.Pcap, s.p.Duration, s.p.Duration)
+	}
 	if s.dev == nil {
 		if err = s.openDevice(); err != nil {
 			return err
@@ -435,8 +451,10 @@ func (s *session) localInfos() []exchange.QPInfo {
 
 // connect exchanges the round's QP data with the peer, connects every QP
 // and waits until both sides are ready to send (RTS on both ends).
-func (s *session) connect(ctx context.Context) error {
-	remote, err := s.xch.ExchangeQPs(ctx, s.server, s.localInfos())
+// xctx bounds the wait for the peer's QP data (the first round's: the
+// setup time limit), ctx the rest.
+func (s *session) connect(ctx, xctx context.Context) error {
+	remote, err := s.xch.ExchangeQPs(xctx, s.server, s.localInfos())
 	if err != nil {
 		return err
 	}
@@ -488,3 +506,44 @@ func checkWC(wc *softrdma.WC) error {
 }
 
 var errStopped = errors.New("stopped")
+
+// clock returns the time: s.now's, if set, else time.Now's.
+func (s *session) clock() time.Time {
+	if s.now != nil {
+		return s.now()
+	}
+	return time.Now()
+}
+
+// recvClock is the clock of a side that receives messages (the send-bw
+// server, a stream's sink): as perftest's receiver
+// (set_on_first_rx_packet), it starts at the first completion, not when
+// this side was ready, so that neither the wait for the sender's first
+// message (the barrier's latency, the sender's own setup) nor the
+// messages that completed while this side was posting its receives skew
+// the rate. A run whose messages all completed in the first poll has no
+// interval to time: it is timed from the round's start barrier instead
+// (with perftest's exchange, from the end of its setup).
+type recvClock struct {
+	s           *session
+	first, last time.Time
+}
+
+// tick records a poll that found completions of messages at now.
+func (c *recvClock) tick(now time.Time) {
+	if c.first.IsZero() {
+		c.first = now
+	}
+	c.last = now
+}
+
+// elapsed is the time from the first completion to the last.
+func (c *recvClock) elapsed() time.Duration {
+	if c.last.After(c.first) {
+		return c.last.Sub(c.first)
+	}
+	if !c.last.IsZero() && !c.s.roundStart.IsZero() {
+		return c.last.Sub(c.s.roundStart)
+	}
+	return 0
+}

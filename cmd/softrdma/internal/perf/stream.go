@@ -181,14 +181,13 @@ func (s *session) pull(ctx context.Context, size int64, snk sink, lenOf func(k i
 	creditsOut := 0
 	pl := s.newPoller()
 	peak := report.NewPeakTracker(size, n)
-	start := time.Now()
-	last := start
+	rc := recvClock{s: s}
 	for done := false; !done; {
 		wcs, err := pl.poll(ctx, true)
 		if err != nil {
 			return report.BW{}, err
 		}
-		now := time.Now()
+		now := s.clock()
 		for i := range wcs {
 			wc := &wcs[i]
 			if err := checkWC(wc); err != nil {
@@ -227,7 +226,7 @@ func (s *session) pull(ctx context.Context, size int64, snk sink, lenOf func(k i
 			if err := recv(wridIdx(wc.WRID)); err != nil {
 				return report.BW{}, err
 			}
-			last = now
+			rc.tick(now)
 			peak.Add(now, consumed)
 			s.idle.Done(consumed)
 		}
@@ -246,7 +245,7 @@ func (s *session) pull(ctx context.Context, size int64, snk sink, lenOf func(k i
 			creditsOut++
 		}
 	}
-	r := report.BW{Bytes: size, Iterations: consumed, Elapsed: last.Sub(start)}
+	r := report.BW{Bytes: size, Iterations: consumed, Elapsed: rc.elapsed()}
 	r.PeakBps = peak.Peak(r.AvgBps())
 	return r, nil
 }

@@ -209,3 +209,40 @@ func TestWriteBWServerPrintsTheClientsRow(t *testing.T) {
 		})
 	}
 }
+
+// TestPcapWithDurationWarns: --pcap with -D records every packet of a run
+// that moves as much as it can (hundreds of MB a second over loopback): each
+// side that records says so on its log (stderr), once, with the file and
+// the duration; an -n run (its size known) does not.
+func TestPcapWithDurationWarns(t *testing.T) {
+	dir := t.TempDir()
+	var mu sync.Mutex
+	var logs []string
+	logf := func(format string, args ...any) {
+		mu.Lock()
+		defer mu.Unlock()
+		logs = append(logs, fmt.Sprintf(format, args...))
+	}
+	warned := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		var w []string
+		for _, l := range logs {
+			if strings.Contains(l, "--pcap") {
+				w = append(w, l)
+			}
+		}
+		return w
+	}
+	srvPcap := filepath.Join(dir, "srv.pcap")
+	r := runPair(t, WriteBW, Options{Pcap: srvPcap, Logf: logf},
+		Options{Params: Params{Size: 4096, Duration: 200 * time.Millisecond}, Logf: func(string, ...any) {}})
+	requireOK(t, r)
+	assert.Equal(t, []string{"softrdma: warning: --pcap " + srvPcap + " records every packet of the -D 200ms run: " +
+		"about its BW average × 200ms in bytes (hundreds of MB a second over loopback); -n bounds it"}, warned())
+
+	logs = nil
+	r = runPair(t, WriteBW, Options{Pcap: srvPcap, Logf: logf}, Options{Params: Params{Size: 4096, Iters: 20}})
+	requireOK(t, r)
+	assert.Empty(t, warned())
+}
