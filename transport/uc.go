@@ -168,7 +168,7 @@ func (qp *QP) runRequesterUC(b *txBatch) bool {
 // the unreliable services.
 func (d *Device) handleUnreliable(qp *QP, pkt *conn.Packet, p *wire.Packet) {
 	c := &d.counters
-	if st := qp.State(); st == QPStateReset || st == QPStateInit || st == QPStateErr {
+	if !qp.receiving() {
 		c.drop(DropBadQPState)
 		return
 	}
@@ -196,8 +196,18 @@ func (d *Device) handleUnreliable(qp *QP, pkt *conn.Packet, p *wire.Packet) {
 		d.hold(qp, pkt, p)
 		return
 	}
-	c.RcvdPkts.Add(1)
+	if d.testHookRespond != nil {
+		d.testHookRespond(qp)
+	}
 	qp.respMu.Lock()
+	if !qp.receiving() {
+		// A Modify to RESET or ERR returned since the check above (as
+		// in handle).
+		qp.respMu.Unlock()
+		c.drop(DropBadQPState)
+		return
+	}
+	c.RcvdPkts.Add(1)
 	if qp.typ == QPTypeUD {
 		qp.respondUD(p, pkt, path)
 	} else {
