@@ -189,6 +189,10 @@ type QP struct {
 	// to RESET or ERR, DestroyQP, errors). Lock order: respMu, sq, rq.
 	respMu sync.Mutex
 	resp   respState // guarded by respMu (in practice: the receive loop)
+	// recvHeld mirrors resp.haveRecv for flush, which runs without
+	// respMu: the responder holds a receive WQE it took from rq (set by
+	// popRecv under rq, cleared once the WQE's completion is queued).
+	recvHeld atomic.Bool
 
 	scheduled atomic.Bool // on the send worker's run queue
 	timer     *time.Timer // retransmit / RNR timer; fires qp.onTimer
@@ -527,6 +531,7 @@ func (qp *QP) resetLocked() {
 	qp.req = reqState{}
 	qp.comp = compState{}
 	qp.rq.head, qp.rq.tail = 0, 0
+	qp.recvHeld.Store(false)
 	qp.resp = respState{res: qp.resp.res, recv: recvWQE{sgl: qp.resp.recv.sgl}}
 	for i := range qp.resp.res {
 		qp.resp.res[i] = rdRes{}
@@ -601,6 +606,14 @@ func (qp *QP) flush() {
 	qp.sq.Unlock()
 
 	qp.rq.Lock()
+	if qp.recvHeld.Load() {
+		// The responder holds the oldest receive WQE, taken from the
+		// queue: its completion comes first (completions in posting
+		// order, IBTA 11.4.2.1). Whoever moved the QP to ERR completes
+		// it (flushRespRecvLocked) and then flushes the queue.
+		qp.rq.Unlock()
+		return
+	}
 	for ; qp.rq.tail < qp.rq.head; qp.rq.tail++ {
 		w := &qp.rq.wqe[qp.rq.tail%uint64(len(qp.rq.wqe))]
 		wc := WC{WRID: w.wrid, Status: WCWRFlushErr, Opcode: WCRecv, QPN: qpnOf(qp.qpn)}
@@ -836,6 +849,7 @@ func (qp *QP) popRecv(w *recvWQE) bool {
 	w.sgl = w.sgl[:src.nsge]
 	copy(w.sgl, src.sgl[:src.nsge])
 	qp.rq.tail++
+	qp.recvHeld.Store(true)
 	return true
 }
 

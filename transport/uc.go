@@ -248,6 +248,7 @@ func (qp *QP) recvQPError(path *path) {
 		r.haveRecv = false
 		wc := WC{WRID: r.recv.wrid, Status: WCLocProtErr, Opcode: WCRecv, QPN: qpnOf(qp.qpn), SrcQP: qpnOf(path.destQPN)}
 		qp.pushWC(qp.recvCQ, &wc)
+		qp.recvHeld.Store(false)
 	}
 	qp.releaseRespLocked()
 	if qp.setError() {

@@ -314,7 +314,9 @@ func (qp *QP) respondUD(p *wire.Packet, pkt *conn.Packet, path *path) {
 		wc.Flags |= WCWithImm
 		wc.ImmData = p.ImmDt().Imm()
 	}
-	if !qp.recvCQ.push(&wc) {
+	ok := qp.recvCQ.push(&wc)
+	qp.recvHeld.Store(false)
+	if !ok {
 		qp.dev.counters.CQOverruns.Add(1)
 		qp.recvCQOverrun() // class G, as RC and UC
 	}
