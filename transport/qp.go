@@ -65,8 +65,14 @@ const (
 	QPAttrDestQPN         AttrMask = 1 << 20
 )
 
+// attrNamed is every attribute mask bit this package defines; Modify
+// ignores the others (alternate path, path migration, SQD notification).
+const attrNamed = QPAttrState | QPAttrCurState | QPAttrAccessFlags | QPAttrPKeyIndex | QPAttrPort |
+	QPAttrQKey | QPAttrAV | QPAttrPathMTU | QPAttrTimeout | QPAttrRetryCnt | QPAttrRNRRetry | QPAttrRQPSN |
+	QPAttrMaxQPRdAtomic | QPAttrMinRNRTimer | QPAttrSQPSN | QPAttrMaxDestRdAtomic | QPAttrDestQPN
+
 var attrNames = map[AttrMask]string{
-	QPAttrState: "IBV_QP_STATE", QPAttrAccessFlags: "IBV_QP_ACCESS_FLAGS",
+	QPAttrState: "IBV_QP_STATE", QPAttrCurState: "IBV_QP_CUR_STATE", QPAttrAccessFlags: "IBV_QP_ACCESS_FLAGS",
 	QPAttrPKeyIndex: "IBV_QP_PKEY_INDEX", QPAttrPort: "IBV_QP_PORT", QPAttrQKey: "IBV_QP_QKEY", QPAttrAV: "IBV_QP_AV",
 	QPAttrPathMTU: "IBV_QP_PATH_MTU", QPAttrTimeout: "IBV_QP_TIMEOUT",
 	QPAttrRetryCnt: "IBV_QP_RETRY_CNT", QPAttrRNRRetry: "IBV_QP_RNR_RETRY",
@@ -109,6 +115,40 @@ var required = map[[2]QPState]AttrMask{
 		QPAttrMaxDestRdAtomic | QPAttrMinRNRTimer,
 	{QPStateRTR, QPStateRTS}: QPAttrSQPSN | QPAttrTimeout | QPAttrRetryCnt | QPAttrRNRRetry |
 		QPAttrMaxQPRdAtomic,
+}
+
+// optional lists, per QP type and transition, the attributes Table 91
+// allows besides the required ones (ib_modify_qp_is_ok's opt_param, for
+// the attributes this package has); a transition not listed takes none
+// (to RESET and to ERR among them).
+var optional = map[QPType]map[[2]QPState]AttrMask{
+	QPTypeRC: {
+		{QPStateInit, QPStateInit}: QPAttrPKeyIndex | QPAttrPort | QPAttrAccessFlags,
+		{QPStateInit, QPStateRTR}:  QPAttrAccessFlags | QPAttrPKeyIndex,
+		{QPStateRTR, QPStateRTS}:   QPAttrCurState | QPAttrAccessFlags | QPAttrMinRNRTimer,
+		{QPStateRTS, QPStateRTS}:   QPAttrCurState | QPAttrAccessFlags | QPAttrMinRNRTimer,
+		{QPStateSQD, QPStateRTS}:   QPAttrCurState | QPAttrAccessFlags | QPAttrMinRNRTimer,
+		{QPStateSQD, QPStateSQD}: QPAttrPort | QPAttrAV | QPAttrTimeout | QPAttrRetryCnt | QPAttrRNRRetry |
+			QPAttrMaxQPRdAtomic | QPAttrMaxDestRdAtomic | QPAttrAccessFlags | QPAttrPKeyIndex | QPAttrMinRNRTimer,
+	},
+	QPTypeUC: {
+		{QPStateInit, QPStateInit}: QPAttrPKeyIndex | QPAttrPort | QPAttrAccessFlags,
+		{QPStateInit, QPStateRTR}:  QPAttrAccessFlags | QPAttrPKeyIndex,
+		{QPStateRTR, QPStateRTS}:   QPAttrCurState | QPAttrAccessFlags,
+		{QPStateRTS, QPStateRTS}:   QPAttrCurState | QPAttrAccessFlags,
+		{QPStateSQD, QPStateRTS}:   QPAttrCurState | QPAttrAccessFlags,
+		{QPStateSQD, QPStateSQD}:   QPAttrAV | QPAttrAccessFlags | QPAttrPKeyIndex,
+		{QPStateSQE, QPStateRTS}:   QPAttrCurState | QPAttrAccessFlags,
+	},
+	QPTypeUD: {
+		{QPStateInit, QPStateInit}: QPAttrPKeyIndex | QPAttrPort | QPAttrQKey,
+		{QPStateInit, QPStateRTR}:  QPAttrPKeyIndex | QPAttrQKey,
+		{QPStateRTR, QPStateRTS}:   QPAttrCurState | QPAttrQKey,
+		{QPStateRTS, QPStateRTS}:   QPAttrCurState | QPAttrQKey,
+		{QPStateSQD, QPStateRTS}:   QPAttrCurState | QPAttrQKey,
+		{QPStateSQD, QPStateSQD}:   QPAttrPKeyIndex | QPAttrQKey,
+		{QPStateSQE, QPStateRTS}:   QPAttrCurState | QPAttrQKey,
+	},
 }
 
 // allowed is the set of legal transitions (IBTA 10.3.1 Figure 125);
@@ -323,9 +363,11 @@ func (qp *QP) Attr() QPAttr {
 }
 
 // Modify changes attributes and state (ibv_modify_qp). The transition must
-// be legal and carry the attributes Table 91 requires; errors are
-// ErrBadTransition and ErrBadAttr, wrapped with the missing attribute's
-// libibverbs name.
+// be legal, carry the attributes Table 91 requires and no attribute it
+// neither requires nor allows (a mask without QPAttrState is the
+// transition to the current state), as the kernel's ib_modify_qp_is_ok
+// checks; errors are ErrBadTransition and ErrBadAttr, wrapped with the
+// missing or refused attribute's libibverbs name, and nothing changes.
 func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 	if attr == nil {
 		return fmt.Errorf("%w: nil attributes", ErrBadAttr)
@@ -365,6 +407,17 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 				if req&b != 0 && mask&b == 0 {
 					return fmt.Errorf("%w: %v -> %v needs %s", ErrBadAttr, cur, next, attrNames[b])
 				}
+			}
+		}
+	}
+	// Every attribute named must be one the transition takes (a Modify
+	// without a state is the transition to the current state), as
+	// ib_modify_qp_is_ok checks: sq_psn in RTS, say, would move the
+	// requester's PSN under its outstanding requests.
+	if extra := mask & attrNamed &^ (QPAttrState | qp.requiredAttrs(cur, next) | optional[qp.typ][[2]QPState{cur, next}]); extra != 0 {
+		for b := AttrMask(1); b != 0; b <<= 1 {
+			if extra&b != 0 {
+				return fmt.Errorf("%w: %v -> %v does not take %s", ErrBadAttr, cur, next, attrNames[b])
 			}
 		}
 	}

@@ -44,13 +44,16 @@ func TestSourcePortAsRxe(t *testing.T) {
 	require.Equal(t, netip.AddrPortFrom(ip, want), r.ackFrom(1000))
 	require.Equal(t, map[uint16]int{want: 1}, pipe.SourcePorts())
 
-	// A new address vector with a flow label: the port follows it.
-	require.NoError(t, r.qp.Modify(&QPAttr{Dest: r.from, FlowLabel: 0x48e0f}, QPAttrAV))
+	// A new address vector with a flow label (SQD -> SQD, the transition
+	// that takes one): the port follows it.
+	require.NoError(t, r.qp.Modify(&QPAttr{State: QPStateSQD}, QPAttrState))
+	require.NoError(t, r.qp.Modify(&QPAttr{State: QPStateSQD, Dest: r.from, FlowLabel: 0x48e0f}, QPAttrState|QPAttrAV))
 	require.Equal(t, uint16(52765), r.qp.SourcePort())
 	require.Equal(t, netip.AddrPortFrom(ip, 52765), r.ackFrom(1001))
 	require.Equal(t, map[uint16]int{52765: 1}, pipe.SourcePorts())
 	require.Equal(t, uint32(0x48e0f), r.qp.Attr().FlowLabel)
-	require.ErrorIs(t, r.qp.Modify(&QPAttr{Dest: r.from, FlowLabel: 1 << 20}, QPAttrAV), ErrBadAttr)
+	require.ErrorIs(t, r.qp.Modify(&QPAttr{State: QPStateSQD, Dest: r.from, FlowLabel: 1 << 20}, QPAttrState|QPAttrAV), ErrBadAttr)
+	require.NoError(t, r.qp.Modify(&QPAttr{State: QPStateRTS}, QPAttrState))
 
 	// A second QP with the same flow label shares the port.
 	qp2, err := r.d.CreateQP(1, &QPInitAttr{SendCQ: r.cq, RecvCQ: r.cq, Type: QPTypeRC, Cap: Cap{MaxSendWR: 4, MaxRecvWR: 4}})
