@@ -633,14 +633,18 @@ func (qp *QP) receiving() bool {
 }
 
 // flushAcks sends the ACKs coalesced during one receive batch, one per QP
-// (the latest), counting the ones saved as ack_deferred.
+// (the latest), counting the ones saved as ack_deferred. The owed ACK is
+// responder state, which a Modify to RESET rewrites: it is read under
+// respMu.
 func (d *Device) flushAcks() {
 	for _, qp := range d.ackList {
+		qp.respMu.Lock()
 		qp.resp.inAckList = false
 		if qp.resp.ackPend {
 			qp.resp.ackPend = false
 			qp.sendAck(&d.rxTx, qp.path.Load(), wire.SyndromeACK, qp.resp.ackPSN)
 		}
+		qp.respMu.Unlock()
 	}
 	clear(d.ackList)
 	d.ackList = d.ackList[:0]

@@ -71,3 +71,25 @@ func TestDestroyQPBeforeResponderLeavesNoCursor(t *testing.T) {
 	require.False(t, r.qp.resp.cur.Busy(), "a cursor is held on the MR for a destroyed QP")
 	require.Equal(t, byte(0xA5), r.mem[rigGuard], "placed after DestroyQP returned")
 }
+
+// TestModifyToResetRacesNoCoalescedACK: the receive loop sends the ACKs it
+// coalesced over a batch after the batch, outside the responder; a Modify
+// to RESET (which rewrites the responder's state, its owed ACK included)
+// may run in between. The two must be ordered (respMu): they were not, a
+// data race on the QP's responder state that -race reports.
+func TestModifyToResetRacesNoCoalescedACK(t *testing.T) {
+	r := newResponderRig(t)
+	r.d.handle(&conn.Packet{Buf: r.build(wire.OpRDMAWriteOnly, 1000, []byte{1}, true, r.reth(r.mr.Addr(), r.mr.RKey(), 1)), Addr: r.from}, &r.pkt)
+	handled := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		<-handled
+		require.NoError(t, r.qp.Modify(&QPAttr{State: QPStateReset}, QPAttrState))
+	}()
+	close(handled)
+	r.d.flushAcks() // the receive loop's end of batch, concurrent with the Modify
+	<-done
+	r.d.rxTx.flush()
+	r.d.reader.Quiesce()
+}
