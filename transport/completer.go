@@ -164,7 +164,10 @@ func (qp *QP) onAETH(syn wire.Syndrome, psn wire.PSN) bool {
 		if !qp.ackUpTo(psn) {
 			return qp.impliedNAK()
 		}
-		if c.psn.Before(psn.Add(1)) {
+		// An ACK inside a READ's or atomic's PSNs acknowledges none of
+		// them: their responses do (rxe's check_psn ignores it).
+		if w := qp.oldest(); (w == nil || !w.psnSet || !isRdAtomic(w.wr.Opcode) || psn.Before(w.firstPSN)) &&
+			c.psn.Before(psn.Add(1)) {
 			c.psn = psn.Add(1)
 		}
 		qp.progress()
