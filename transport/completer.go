@@ -162,9 +162,12 @@ func (qp *QP) onAETH(syn wire.Syndrome, psn wire.PSN) bool {
 			defer qp.dev.kick(qp)
 		}
 		if !qp.ackUpTo(psn) {
-			return qp.retry()
+			return qp.impliedNAK()
 		}
-		if c.psn.Before(psn.Add(1)) {
+		// An ACK inside a READ's or atomic's PSNs acknowledges none of
+		// them: their responses do (rxe's check_psn ignores it).
+		if w := qp.oldest(); (w == nil || !w.psnSet || !isRdAtomic(w.wr.Opcode) || psn.Before(w.firstPSN)) &&
+			c.psn.Before(psn.Add(1)) {
 			c.psn = psn.Add(1)
 		}
 		qp.progress()
@@ -324,11 +327,21 @@ func (qp *QP) retire(w *sendWQE, st WCStatus) {
 // whose response has not arrived (IBTA 9.7.5.1: the responses were lost):
 // the requester asks again from that WQE. With reordering the responses may
 // only be late, so one such retry is pending at a time, until the WQE
-// completes or the retransmit timer fires.
+// completes or the retransmit timer fires. Each retry spends one of
+// retry_cnt, as a sequence NAK's does; with none left the WQE completes
+// with RETRY_EXC_ERR and the QP goes to ERR (rxe's COMPST_ERROR_RETRY).
 func (qp *QP) impliedNAK() bool {
 	c := &qp.comp
 	if c.readRetryPending {
 		return false
+	}
+	if c.retryCnt == 0 {
+		qp.dev.counters.RetryExceededErr.Add(1) // before the WC, which a reader of the counter waits for
+		qp.fail(qp.oldest(), WCRetryExcErr)
+		return false
+	}
+	if c.retryCnt != 7 {
+		c.retryCnt--
 	}
 	c.readRetryPending = true
 	c.readRetryUntil = qp.req.hiPSN

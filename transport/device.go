@@ -99,6 +99,11 @@ type Device struct {
 	acksFlushed     chan struct{}
 	acksFlushedOnce sync.Once
 
+	// testHookRespond, when set (tests only, before a packet is handed
+	// to handle), runs in the receive loop between the demux's checks of
+	// a request and the responder, where a Modify may come in between.
+	testHookRespond func(qp *QP)
+
 	qps struct {
 		sync.Mutex
 		next uint32 // next QPN to try; guarded
@@ -584,8 +589,7 @@ func (d *Device) handle(pkt *conn.Packet, p *wire.Packet) {
 		d.handleUnreliable(qp, pkt, p) // uc.go
 		return
 	}
-	st := qp.State()
-	if st == QPStateReset || st == QPStateInit || st == QPStateErr {
+	if !qp.receiving() {
 		c.drop(DropBadQPState)
 		return
 	}
@@ -598,7 +602,7 @@ func (d *Device) handle(pkt *conn.Packet, p *wire.Packet) {
 		c.drop(DropWrongAddress)
 		return
 	}
-	if st == QPStateRTR && p.Info.Mask&wire.MaskReq != 0 {
+	if qp.State() == QPStateRTR && p.Info.Mask&wire.MaskReq != 0 {
 		qp.commEstablished()
 	}
 	// The suspension gate. The reader goes online first, so that a
@@ -609,13 +613,26 @@ func (d *Device) handle(pkt *conn.Packet, p *wire.Packet) {
 		d.paused(qp, pkt, p)
 		return
 	}
-	c.RcvdPkts.Add(1)
 	if p.Info.Mask&wire.MaskReq != 0 {
+		if d.testHookRespond != nil {
+			d.testHookRespond(qp)
+		}
 		qp.respMu.Lock()
+		if !qp.receiving() {
+			// A Modify to RESET or ERR, which holds respMu, has returned
+			// since the check above: the request meets the QP in that
+			// state and is dropped (the responder would otherwise place
+			// and acknowledge it after ibv_modify_qp returned).
+			qp.respMu.Unlock()
+			c.drop(DropBadQPState)
+			return
+		}
+		c.RcvdPkts.Add(1)
 		qp.respond(p, path, &d.rxTx)
 		qp.respMu.Unlock()
 	} else {
-		qp.completeRecv(p, path)
+		c.RcvdPkts.Add(1)
+		qp.completeRecv(p, path) // checks the state under sq
 	}
 	if d.susp.holdThis {
 		// Placement into a suspended MR: the packet changed nothing and
@@ -626,15 +643,28 @@ func (d *Device) handle(pkt *conn.Packet, p *wire.Packet) {
 	}
 }
 
+// receiving reports whether the QP's state lets its responder take
+// packets: RTR, RTS, SQD or SQE (IBTA 10.3.1; RESET, INIT and ERR drop
+// them). The receive loop checks it again under respMu, which a Modify
+// to RESET or ERR holds.
+func (qp *QP) receiving() bool {
+	st := qp.State()
+	return st != QPStateReset && st != QPStateInit && st != QPStateErr
+}
+
 // flushAcks sends the ACKs coalesced during one receive batch, one per QP
-// (the latest), counting the ones saved as ack_deferred.
+// (the latest), counting the ones saved as ack_deferred. The owed ACK is
+// responder state, which a Modify to RESET rewrites: it is read under
+// respMu.
 func (d *Device) flushAcks() {
 	for _, qp := range d.ackList {
+		qp.respMu.Lock()
 		qp.resp.inAckList = false
 		if qp.resp.ackPend {
 			qp.resp.ackPend = false
 			qp.sendAck(&d.rxTx, qp.path.Load(), wire.SyndromeACK, qp.resp.ackPSN)
 		}
+		qp.respMu.Unlock()
 	}
 	clear(d.ackList)
 	d.ackList = d.ackList[:0]

@@ -65,8 +65,14 @@ const (
 	QPAttrDestQPN         AttrMask = 1 << 20
 )
 
+// attrNamed is every attribute mask bit this package defines; Modify
+// ignores the others (alternate path, path migration, SQD notification).
+const attrNamed = QPAttrState | QPAttrCurState | QPAttrAccessFlags | QPAttrPKeyIndex | QPAttrPort |
+	QPAttrQKey | QPAttrAV | QPAttrPathMTU | QPAttrTimeout | QPAttrRetryCnt | QPAttrRNRRetry | QPAttrRQPSN |
+	QPAttrMaxQPRdAtomic | QPAttrMinRNRTimer | QPAttrSQPSN | QPAttrMaxDestRdAtomic | QPAttrDestQPN
+
 var attrNames = map[AttrMask]string{
-	QPAttrState: "IBV_QP_STATE", QPAttrAccessFlags: "IBV_QP_ACCESS_FLAGS",
+	QPAttrState: "IBV_QP_STATE", QPAttrCurState: "IBV_QP_CUR_STATE", QPAttrAccessFlags: "IBV_QP_ACCESS_FLAGS",
 	QPAttrPKeyIndex: "IBV_QP_PKEY_INDEX", QPAttrPort: "IBV_QP_PORT", QPAttrQKey: "IBV_QP_QKEY", QPAttrAV: "IBV_QP_AV",
 	QPAttrPathMTU: "IBV_QP_PATH_MTU", QPAttrTimeout: "IBV_QP_TIMEOUT",
 	QPAttrRetryCnt: "IBV_QP_RETRY_CNT", QPAttrRNRRetry: "IBV_QP_RNR_RETRY",
@@ -111,21 +117,11 @@ var required = map[[2]QPState]AttrMask{
 		QPAttrMaxQPRdAtomic,
 }
 
-// allowed is the set of legal transitions (IBTA 10.3.1 Figure 125);
-// any state may also go to RESET or ERR.
-var allowed = map[[2]QPState]bool{
-	{QPStateReset, QPStateInit}: true, {QPStateInit, QPStateInit}: true,
-	{QPStateInit, QPStateRTR}: true, {QPStateRTR, QPStateRTS}: true,
-	{QPStateRTS, QPStateRTS}: true, {QPStateRTS, QPStateSQD}: true,
-	{QPStateSQD, QPStateSQD}: true, {QPStateSQD, QPStateRTS}: true,
-	{QPStateSQE, QPStateRTS}: true,
-}
-
-// optionalByType lists, per QP type and transition, the attributes
-// ib_modify_qp_is_ok accepts besides the required ones (IBTA 10.3.1, Table
-// 91; those of alternate paths and path migration do not exist here). A
-// transition not listed takes none (to RESET, to ERR, RTS -> SQD).
-var optionalByType = map[QPType]map[[2]QPState]AttrMask{
+// optional lists, per QP type and transition, the attributes Table 91
+// allows besides the required ones (ib_modify_qp_is_ok's opt_param, for
+// the attributes this package has); a transition not listed takes none
+// (to RESET and to ERR among them).
+var optional = map[QPType]map[[2]QPState]AttrMask{
 	QPTypeRC: {
 		{QPStateInit, QPStateInit}: QPAttrPKeyIndex | QPAttrPort | QPAttrAccessFlags,
 		{QPStateInit, QPStateRTR}:  QPAttrAccessFlags | QPAttrPKeyIndex,
@@ -155,10 +151,14 @@ var optionalByType = map[QPType]map[[2]QPState]AttrMask{
 	},
 }
 
-// optionalAttrs returns the attributes the transition cur -> next may
-// carry besides the required ones, on this QP's type.
-func (qp *QP) optionalAttrs(cur, next QPState) AttrMask {
-	return optionalByType[qp.typ][[2]QPState{cur, next}]
+// allowed is the set of legal transitions (IBTA 10.3.1 Figure 125);
+// any state may also go to RESET or ERR.
+var allowed = map[[2]QPState]bool{
+	{QPStateReset, QPStateInit}: true, {QPStateInit, QPStateInit}: true,
+	{QPStateInit, QPStateRTR}: true, {QPStateRTR, QPStateRTS}: true,
+	{QPStateRTS, QPStateRTS}: true, {QPStateRTS, QPStateSQD}: true,
+	{QPStateSQD, QPStateSQD}: true, {QPStateSQD, QPStateRTS}: true,
+	{QPStateSQE, QPStateRTS}: true,
 }
 
 // QPInitAttr configures CreateQP (struct ibv_qp_init_attr).
@@ -229,6 +229,10 @@ type QP struct {
 	// to RESET or ERR, DestroyQP, errors). Lock order: respMu, sq, rq.
 	respMu sync.Mutex
 	resp   respState // guarded by respMu (in practice: the receive loop)
+	// recvHeld mirrors resp.haveRecv for flush, which runs without
+	// respMu: the responder holds a receive WQE it took from rq (set by
+	// popRecv under rq, cleared once the WQE's completion is queued).
+	recvHeld atomic.Bool
 
 	// commEst is set when the QP raised EventCommEst (its first request
 	// packet in RTR); cleared by RESET.
@@ -422,17 +426,14 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 			}
 		}
 	}
-	// Nor may it carry an attribute the transition neither requires nor
-	// takes as optional (Table 91; without QPAttrState the transition is
-	// cur -> cur).
-	if extra := mask &^ (QPAttrState | qp.requiredAttrs(cur, next) | qp.optionalAttrs(cur, next)); extra != 0 {
+	// Every attribute named must be one the transition takes (a Modify
+	// without a state is the transition to the current state), as
+	// ib_modify_qp_is_ok checks: sq_psn in RTS, say, would move the
+	// requester's PSN under its outstanding requests.
+	if extra := mask & attrNamed &^ (QPAttrState | qp.requiredAttrs(cur, next) | optional[qp.typ][[2]QPState{cur, next}]); extra != 0 {
 		for b := AttrMask(1); b != 0; b <<= 1 {
 			if extra&b != 0 {
-				name := attrNames[b]
-				if name == "" {
-					name = fmt.Sprintf("attribute mask bit %#x", uint32(b))
-				}
-				return fmt.Errorf("%w: %v -> %v does not take %s", ErrBadAttr, cur, next, name)
+				return fmt.Errorf("%w: %v -> %v does not take %s", ErrBadAttr, cur, next, attrNames[b])
 			}
 		}
 	}
@@ -609,6 +610,7 @@ func (qp *QP) resetLocked() {
 	qp.req = reqState{}
 	qp.comp = compState{}
 	qp.rq.head, qp.rq.tail = 0, 0
+	qp.recvHeld.Store(false)
 	qp.resp = respState{res: qp.resp.res, recv: recvWQE{sgl: qp.resp.recv.sgl}}
 	for i := range qp.resp.res {
 		qp.resp.res[i] = rdRes{}
@@ -687,6 +689,14 @@ func (qp *QP) flush() {
 	qp.sq.Unlock()
 
 	qp.rq.Lock()
+	if qp.recvHeld.Load() {
+		// The responder holds the oldest receive WQE, taken from the
+		// queue: its completion comes first (completions in posting
+		// order, IBTA 11.4.2.1). Whoever moved the QP to ERR completes
+		// it (flushRespRecvLocked) and then flushes the queue.
+		qp.rq.Unlock()
+		return
+	}
 	for ; qp.rq.tail < qp.rq.head; qp.rq.tail++ {
 		w := &qp.rq.wqe[qp.rq.tail%uint64(len(qp.rq.wqe))]
 		wc := WC{WRID: w.wrid, Status: WCWRFlushErr, Opcode: WCRecv, QPN: qpnOf(qp.qpn)}
@@ -943,6 +953,7 @@ func (qp *QP) popRecv(w *recvWQE) bool {
 	w.sgl = w.sgl[:src.nsge]
 	copy(w.sgl, src.sgl[:src.nsge])
 	qp.rq.tail++
+	qp.recvHeld.Store(true)
 	return true
 }
 

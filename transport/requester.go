@@ -243,8 +243,11 @@ func (qp *QP) sendSegment(b *txBatch, path *path, w *sendWQE) bool {
 	}
 	psn := r.psn
 	buf, info := buildPacket(b, path, op, psn, ackReq, int(n))
-	if last && w.wr.Flags&SendSolicited != 0 && !write {
-		buf[1] |= 0x80 // BTH SE: solicited event (IBTA 9.2.3)
+	if last && w.wr.Flags&SendSolicited != 0 && (!write || imm) {
+		// BTH SE: solicited event (IBTA 9.2.3), on the last packet of a
+		// SEND or an RDMA WRITE with immediate, the messages that
+		// consume a receive WQE (rxe likewise).
+		buf[1] |= 0x80
 	}
 	if info.Mask&wire.MaskRETH != 0 {
 		wire.RETH(buf[info.Offset[wire.HdrRETH]:]).Encode(&wire.RETHFields{

@@ -188,7 +188,9 @@ func (qp *QP) finishRecv(st WCStatus, n uint64, p *wire.Packet, path *path) bool
 			wc.Opcode = WCRecvRDMAWithImm
 		}
 	}
-	if !qp.recvCQ.push(&wc) {
+	ok := qp.recvCQ.push(&wc)
+	qp.recvHeld.Store(false)
+	if !ok {
 		qp.cqOverrun(qp.recvCQ)
 		qp.recvCQOverrun()
 		return false
@@ -592,6 +594,7 @@ func (qp *QP) respError(b *txBatch, path *path, why DropReason, syn wire.Syndrom
 		}
 		r.haveRecv = false
 		qp.pushWC(qp.recvCQ, &wc)
+		qp.recvHeld.Store(false)
 	}
 	qp.releaseRespLocked()
 	if qp.setError() {
@@ -650,6 +653,7 @@ func (qp *QP) flushRespRecvLocked() {
 	r.haveRecv = false
 	wc := WC{WRID: r.recv.wrid, Status: WCWRFlushErr, Opcode: WCRecv, QPN: qpnOf(qp.qpn)}
 	qp.pushWC(qp.recvCQ, &wc)
+	qp.recvHeld.Store(false)
 }
 
 // releaseResp is releaseRespLocked for callers outside the receive loop.

@@ -273,11 +273,17 @@ func (d *Device) qpPaused(qp *QP) bool {
 func (d *Device) paused(qp *QP, pkt *conn.Packet, p *wire.Packet) {
 	d.markPaused(qp)
 	if PausePolicy(d.susp.policy.Load()) == PolicyNAK && qp.held == 0 {
-		if p.Info.Mask&wire.MaskReq != 0 && p.PSN() == qp.resp.ePSN {
+		if p.Info.Mask&wire.MaskReq != 0 {
+			// Under respMu: a Modify to RESET or ERR may have returned
+			// since handle's state check, and the expected PSN is the
+			// responder's.
 			qp.respMu.Lock()
-			qp.pauseNAK(&d.rxTx, qp.path.Load(), p)
+			if qp.receiving() && p.PSN() == qp.resp.ePSN {
+				qp.pauseNAK(&d.rxTx, qp.path.Load(), p)
+				qp.respMu.Unlock()
+				return
+			}
 			qp.respMu.Unlock()
-			return
 		}
 		d.susp.dropped.Add(1)
 		d.counters.drop(DropSuspended)

@@ -168,8 +168,7 @@ func (qp *QP) runRequesterUC(b *txBatch) bool {
 // the unreliable services.
 func (d *Device) handleUnreliable(qp *QP, pkt *conn.Packet, p *wire.Packet) {
 	c := &d.counters
-	st := qp.State()
-	if st == QPStateReset || st == QPStateInit || st == QPStateErr {
+	if !qp.receiving() {
 		c.drop(DropBadQPState)
 		return
 	}
@@ -186,7 +185,7 @@ func (d *Device) handleUnreliable(qp *QP, pkt *conn.Packet, p *wire.Packet) {
 		c.drop(DropWrongAddress)
 		return
 	}
-	if st == QPStateRTR && qp.typ == QPTypeUC {
+	if qp.State() == QPStateRTR && qp.typ == QPTypeUC {
 		qp.commEstablished()
 	}
 	d.reader.Enter()
@@ -200,8 +199,18 @@ func (d *Device) handleUnreliable(qp *QP, pkt *conn.Packet, p *wire.Packet) {
 		d.hold(qp, pkt, p)
 		return
 	}
-	c.RcvdPkts.Add(1)
+	if d.testHookRespond != nil {
+		d.testHookRespond(qp)
+	}
 	qp.respMu.Lock()
+	if !qp.receiving() {
+		// A Modify to RESET or ERR returned since the check above (as
+		// in handle).
+		qp.respMu.Unlock()
+		c.drop(DropBadQPState)
+		return
+	}
+	c.RcvdPkts.Add(1)
 	if qp.typ == QPTypeUD {
 		qp.respondUD(p, pkt, path)
 	} else {
@@ -242,6 +251,7 @@ func (qp *QP) recvQPError(path *path) {
 		r.haveRecv = false
 		wc := WC{WRID: r.recv.wrid, Status: WCLocProtErr, Opcode: WCRecv, QPN: qpnOf(qp.qpn), SrcQP: qpnOf(path.destQPN)}
 		qp.pushWC(qp.recvCQ, &wc)
+		qp.recvHeld.Store(false)
 	}
 	qp.releaseRespLocked()
 	if qp.setError() {

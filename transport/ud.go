@@ -317,7 +317,9 @@ func (qp *QP) respondUD(p *wire.Packet, pkt *conn.Packet, path *path) {
 		wc.Flags |= WCWithImm
 		wc.ImmData = p.ImmDt().Imm()
 	}
-	if !qp.recvCQ.push(&wc) {
+	ok := qp.recvCQ.push(&wc)
+	qp.recvHeld.Store(false)
+	if !ok {
 		qp.cqOverrun(qp.recvCQ)
 		qp.recvCQOverrun() // class G, as RC and UC
 	}
