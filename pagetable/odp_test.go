@@ -224,20 +224,32 @@ func TestODPMigrationWaitsForACopyInFlight(t *testing.T) {
 		migrated <- m
 	}()
 	early := false
-	for i := 0; i < 20000 && !early; i++ {
-		runtime.Gosched()
+	ended := func() bool {
 		select {
 		case m := <-migrated:
 			migrated <- m
 			early = true
 		default:
 		}
+		return early
 	}
-	require.False(t, tab.PresentAt(base), "the migration did not clear the page")
+	// The migration clears the page, then waits for the copy. Wait for
+	// the clear (a condition, however loaded the machine), then give a
+	// migration that does not wait some rounds of the scheduler to end.
+	for tab.PresentAt(base) && !ended() {
+		runtime.Gosched()
+	}
+	for i := 0; i < 20000 && !ended(); i++ {
+		runtime.Gosched()
+	}
+	cleared := !tab.PresentAt(base)
+	// The copy ends before any check can stop the test: a failed check
+	// must not leave the migration waiting for it for ever.
 	tab.ExitCopy(ep)
 	if m := <-migrated; m != nil {
 		m.Release()
 	}
+	require.True(t, cleared, "the migration did not clear the page")
 	require.False(t, early, "the migration ended while a copy was still writing the page")
 }
 
