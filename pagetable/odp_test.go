@@ -298,10 +298,11 @@ func TestODPInvalidationWaitsForAConcurrentClearsCopies(t *testing.T) {
 		}
 	}
 	tab.ExitCopy(ep)
-	require.Equal(t, 1, <-evicted)
+	n := <-evicted
 	if m := <-migrated; m != nil {
 		m.Release()
 	}
+	require.Equal(t, 1, n)
 	require.Empty(t, early, "ended while a copy was still writing the page")
 	st := tab.Stats()
 	require.Equal(t, st.PageInvalidations, st.PageInvalidationsHandled)
