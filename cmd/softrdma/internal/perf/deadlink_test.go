@@ -226,3 +226,23 @@ func TestPeerGoneMidRunIsNamed(t *testing.T) {
 		assert.EqualError(t, r.srvErr, "peer: interrupted (SIGINT or SIGTERM)")
 	})
 }
+
+// TestDeliverPeerResultBeforeStop: when the peer's result ends the run
+// (its run context cancelled, or the passive side's wait on spoke), the
+// result is already in peerc: the passive side then reads it with a limit
+// of 0 (resultWait), and a result delivered after the cancel or the close
+// of spoke was lost on a loaded machine, ending write-bw's server with a
+// bare "context canceled" (TestIdleTimeoutBoundsADeadPath/write-bw).
+func TestDeliverPeerResultBeforeStop(t *testing.T) {
+	peerc := make(chan peerMsg, 1)
+	spoke := make(chan struct{})
+	stopped := false
+	deliverPeerResult(peerMsg{r: roundResult{Err: "no completion"}}, peerc, spoke, func() {
+		stopped = true
+		assert.True(t, closed(spoke), "spoke is closed before the run is stopped")
+		require.Len(t, peerc, 1, "the result is in peerc before the run is stopped")
+	})
+	assert.True(t, stopped)
+	pm := <-peerc
+	assert.Equal(t, "no completion", pm.r.Err)
+}

@@ -156,6 +156,21 @@ type peerMsg struct {
 	err error
 }
 
+// deliverPeerResult hands the peer's result of a round (or why it could
+// not be read) to the round: first into peerc (capacity 1), then it
+// closes spoke, then it calls stop (which cancels the run when the peer
+// failed). In that order: a run that ends because spoke closed or its
+// context was cancelled finds the result already in peerc, so that
+// peerResult with a limit of 0 (resultWait after the passive side's
+// grace) cannot miss it. Closing spoke first once let a loaded machine
+// end the passive side's run with a bare "context canceled" instead of
+// the peer's story.
+func deliverPeerResult(pm peerMsg, peerc chan<- peerMsg, spoke chan struct{}, stop func()) {
+	peerc <- pm
+	close(spoke)
+	stop()
+}
+
 // peerResult waits for the peer's result of a round, after this side's
 // run. It waits as long as it takes (as perftest, until TCP gives up)
 // when this side's -n run succeeded: its peer's run is then over or
@@ -657,10 +672,16 @@ const peerInterrupted = "interrupted (SIGINT or SIGTERM)"
 // reasonForPeer is err as this side tells its peer, in its result or an
 // error message.
 func (s *session) reasonForPeer(err error) string {
-	if s.runCtx != nil && s.runCtx.Err() != nil && errors.Is(err, context.Canceled) {
+	if s.interrupted(err) {
 		return peerInterrupted
 	}
 	return err.Error()
+}
+
+// interrupted says whether err is the end of Run's own context (Ctrl-C,
+// SIGTERM), not of a context that this side cancelled itself.
+func (s *session) interrupted(err error) bool {
+	return s.runCtx != nil && s.runCtx.Err() != nil && errors.Is(err, context.Canceled)
 }
 
 func (s *session) runServer(ctx context.Context) error {
@@ -889,15 +910,14 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 	go func() {
 		var r roundResult
 		err := s.ctrl.RecvJSON(ctx, exchange.MsgResult, &r)
-		if err == nil && r.Err == "" {
+		stop := err != nil || r.Err != ""
+		if !stop {
 			var n int64
 			for _, c := range r.Counts {
 				n += c
 			}
 			target.Store(n)
 			close(known)
-		} else if !s.draining() {
-			cancel() // the peer failed: stop waiting for it
 		}
 		// A peer that failed while this side drains its -D run (its
 		// duration over, work requests outstanding) most likely failed
@@ -906,8 +926,11 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 		// drainLimit, and its own failure is the one reported, the
 		// peer's mentioned after it, whichever side's bound expired
 		// first.
-		close(spoke)
-		peerc <- peerMsg{r, err}
+		deliverPeerResult(peerMsg{r, err}, peerc, spoke, func() {
+			if stop && !s.draining() {
+				cancel() // the peer failed: stop waiting for it
+			}
+		})
 	}()
 	targetFn := func() (int64, bool) {
 		select {
@@ -990,6 +1013,11 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 	}
 	ownErr := runErr != nil && !errors.Is(runErr, context.Canceled)
 	switch {
+	case s.interrupted(runErr):
+		// This side was interrupted: the peer's result, if it came
+		// before the read of it saw the end of the context, only says
+		// that it stopped because this side did ("context canceled").
+		return mine, peer, runErr
 	case ownErr && (pm.err != nil || pm.r.Err != "" && pm.r.Err != context.Canceled.Error()):
 		// (A peer that only stopped because this side failed, the
 		// passive side of WRITE and READ, adds nothing.)
