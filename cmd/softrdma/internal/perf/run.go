@@ -961,6 +961,9 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 	}
 	s.roundStart, s.boundUsed = s.clock(), false
 	mine, runErr := s.runSide(ictx, size, targetFn, known)
+	if testHookRunEnd != nil {
+		testHookRunEnd(s, runErr)
+	}
 	idle.Stop()
 	s.idle = nil
 	var nr *noResultError
@@ -1073,6 +1076,10 @@ func (s *session) closedDuring(runEnded bool) string {
 // testHookRunSide, if set (by tests), is called when a round's run starts
 // (after the barrier, with the idle watch running).
 var testHookRunSide func(s *session)
+
+// testHookRunEnd, if set (by tests), is called when this side's part of a
+// round's run returned, before its result goes to the peer.
+var testHookRunEnd func(s *session, runErr error)
 
 // iterations is the number of messages a round's result reports.
 func iterations(r *roundResult) int64 {
