@@ -79,13 +79,27 @@ func (p *freezingProxy) pipe(dst, src net.Conn) {
 // killLinkAtRunStart makes the link die, in this process, once both sides
 // started a round's run (both passed the barrier): the client's device
 // loses every packet (--impair loss=1, set by the caller) and the proxy
-// of the exchange freezes.
-func killLinkAtRunStart(t *testing.T, p *freezingProxy) {
+// of the exchange freezes. Neither side's run goes on before the link is
+// dead: the first side at the hook waits for the second. (It once ran on:
+// a loaded machine that kept the second side from its hook for longer
+// than --idle-timeout let the first side's result cross the link still
+// alive, and the other side failed on that result, not on the dead link.)
+//
+// late, if not 0, keeps the server from its hook that long, as a loaded
+// machine that does not schedule it: the client, its bounds running,
+// waits for it at the hook.
+func killLinkAtRunStart(t *testing.T, p *freezingProxy, late time.Duration) {
 	var started atomic.Int32
-	testHookRunSide = func(*session) {
+	dead := make(chan struct{})
+	testHookRunSide = func(s *session) {
+		if s.server && late > 0 {
+			time.Sleep(late) // not a timer under test: a goroutine not scheduled
+		}
 		if started.Add(1) == 2 {
 			p.frozen.Store(true)
+			close(dead)
 		}
+		<-dead
 	}
 	t.Cleanup(func() { testHookRunSide = nil })
 }
@@ -108,24 +122,34 @@ func TestDeadLinkBoundsBothSides(t *testing.T) {
 		cliWant string
 		srvWant string
 		within  time.Duration
+		late    time.Duration // the server's lateness to its run (killLinkAtRunStart)
 	}{
 		{"write-bw -n", WriteBW, Params{Size: 4096, Iters: 100_000_000}, 0,
 			`^no completion for 300ms \(--idle-timeout\) after 0 of 100000000 iterations`,
 			`^nothing received from the peer for 300ms \(--idle-timeout\) during the run and no result from it over the exchange: ` +
 				`the peer or the path to it is probably dead \(a link that died takes the exchange's TCP connection with it; `,
-			idle + peerGrace + 3*time.Second},
+			idle + peerGrace + 3*time.Second, 0},
 		{"send-bw -D", SendBW, Params{Duration: 300 * time.Millisecond}, 200 * time.Millisecond,
 			`^-D 300ms: the work requests still outstanding did not complete within 300ms after the run, and no result came ` +
 				`from the peer at 127\.0\.0\.1:\d+ in the 300ms after that \(300ms \+ 300ms \+ 300ms allowed, (\d+\.\d)s waited in all\): ` +
 				`the peer or the path to it is probably dead`,
 			`^-D 300ms: the peer's run did not end and no result came from it within 900ms \(the duration, 300ms for its work requests ` +
 				`still outstanding, and 300ms for its result\): the peer or the path to it is probably dead`,
-			900*time.Millisecond + 3*time.Second},
+			900*time.Millisecond + 3*time.Second, 0},
 		{"write-bw -D", WriteBW, Params{Duration: 300 * time.Millisecond}, 200 * time.Millisecond,
 			`^-D 300ms: the work requests still outstanding did not complete within 300ms after the run, and no result came ` +
 				`from the peer at 127\.0\.0\.1:\d+ in the 300ms after that \(300ms \+ 300ms \+ 300ms allowed, (\d+\.\d)s waited in all\): `,
 			`^-D 300ms: the peer's run did not end and no result came from it within 900ms`,
-			900*time.Millisecond + 3*time.Second},
+			900*time.Millisecond + 3*time.Second, 0},
+		// A side that reached its run late, its bounds already running
+		// (here the client, held at the hook): the time it says it waited
+		// in all is still at least the limits that expired (it once
+		// counted from after the stall: "0.6s waited" of 0.9s allowed).
+		{"write-bw -D, late", WriteBW, Params{Duration: 300 * time.Millisecond}, 200 * time.Millisecond,
+			`^-D 300ms: the work requests still outstanding did not complete within 300ms after the run, and no result came ` +
+				`from the peer at 127\.0\.0\.1:\d+ in the 300ms after that \(300ms \+ 300ms \+ 300ms allowed, (\d+\.\d)s waited in all\): `,
+			`^-D 300ms: the peer's run did not end and no result came from it within 900ms`,
+			900*time.Millisecond + 3*time.Second + 600*time.Millisecond, 600 * time.Millisecond},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.drain != 0 {
@@ -134,7 +158,7 @@ func TestDeadLinkBoundsBothSides(t *testing.T) {
 				t.Cleanup(func() { drainMin = old })
 			}
 			p := &freezingProxy{}
-			killLinkAtRunStart(t, p)
+			killLinkAtRunStart(t, p, tc.late)
 			start := time.Now()
 			r := runPairWith(t, tc.test,
 				Options{IdleTimeout: idle, Logf: func(string, ...any) {}},

@@ -947,6 +947,10 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 	// watches the packets it receives.
 	// A -D run is bounded instead: the side posting the work by its
 	// drain limit (session.bounded), the other by resultBound.
+	// The round starts before its bounds do: the time a drainError says
+	// was waited in all is at least the limits that expired, however
+	// long a loaded machine kept this goroutine from the run.
+	s.roundStart, s.boundUsed = s.clock(), false
 	bctx, bcancel := s.resultBound(rctx)
 	defer bcancel()
 	ictx, idle := bctx, (*idlewatch.Watch)(nil)
@@ -959,7 +963,6 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 	if testHookRunSide != nil {
 		testHookRunSide(s)
 	}
-	s.roundStart, s.boundUsed = s.clock(), false
 	mine, runErr := s.runSide(ictx, size, targetFn, known)
 	if testHookRunEnd != nil {
 		testHookRunEnd(s, runErr)
