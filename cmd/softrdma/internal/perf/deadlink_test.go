@@ -270,3 +270,28 @@ func TestDeliverPeerResultBeforeStop(t *testing.T) {
 	pm := <-peerc
 	assert.Equal(t, "no completion", pm.r.Err)
 }
+
+// TestInterruptedSideReportsItsInterrupt: a side whose Run's context
+// ended (Ctrl-C, SIGTERM) reports that, whatever the peer's result says:
+// the peer, stopped by this side's "interrupted", reports "context
+// canceled", and the read of its result could take that result before it
+// saw the end of the context (both ready, on a loaded machine: 2 runs of
+// 15 of TestPeerGoneMidRunIsNamed/interrupted said "peer: context
+// canceled"). A side whose run only stopped because the peer failed (its
+// own context alive) reports the peer's failure.
+func TestInterruptedSideReportsItsInterrupt(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	s := &session{runCtx: ctx}
+	for _, pm := range []peerMsg{
+		{r: roundResult{Err: context.Canceled.Error()}}, // the peer's result came first
+		{err: context.Canceled},                         // the read saw the context's end first
+	} {
+		err := s.roundErr(context.Canceled, nil, pm)
+		require.ErrorIs(t, err, context.Canceled, "%+v", pm)
+		assert.NotContains(t, err.Error(), "peer", "%+v", pm)
+	}
+	live := &session{runCtx: context.Background()}
+	err := live.roundErr(context.Canceled, nil, peerMsg{r: roundResult{Err: peerInterrupted}})
+	assert.EqualError(t, err, "peer: "+peerInterrupted)
+}

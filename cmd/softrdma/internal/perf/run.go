@@ -1017,26 +1017,8 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 		return mine, peer, fmt.Errorf("-D %v: the peer sent no result within %v after this side's run ended "+
 			"(its host or the path may be down while the TCP connection stays open)", s.p.Duration, drainLimit(s.p.Duration))
 	}
-	ownErr := runErr != nil && !errors.Is(runErr, context.Canceled)
-	switch {
-	case s.interrupted(runErr):
-		// This side was interrupted: the peer's result, if it came
-		// before the read of it saw the end of the context, only says
-		// that it stopped because this side did ("context canceled").
-		return mine, peer, runErr
-	case ownErr && (pm.err != nil || pm.r.Err != "" && pm.r.Err != context.Canceled.Error()):
-		// (A peer that only stopped because this side failed, the
-		// passive side of WRITE and READ, adds nothing.)
-		// Both sides failed: this side's failure first, then the peer's.
-		return mine, peer, fmt.Errorf("%w; the peer: %s", runErr, peerFailure(pm))
-	case pm.err != nil:
-		return mine, peer, pm.err
-	case pm.r.Err != "" && !ownErr:
-		return mine, peer, &exchange.PeerError{Reason: pm.r.Err}
-	case runErr != nil:
-		return mine, peer, runErr
-	case sendErr != nil:
-		return mine, peer, sendErr
+	if err := s.roundErr(runErr, sendErr, pm); err != nil {
+		return mine, peer, err
 	}
 	peer = pm.r
 	s.peerODP = peer.ODP
@@ -1060,6 +1042,36 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 		return mine, peer, &exchange.PeerError{Reason: pv.Err}
 	}
 	return mine, peer, nil
+}
+
+// roundErr is the error of a round whose run ended with runErr (this
+// side's), whose result went to the peer with sendErr, and whose peer's
+// result (or the error of reading it) is pm; nil when both sides' runs
+// succeeded.
+func (s *session) roundErr(runErr, sendErr error, pm peerMsg) error {
+	ownErr := runErr != nil && !errors.Is(runErr, context.Canceled)
+	switch {
+	case s.interrupted(runErr):
+		// This side was interrupted (Run's context ended): the peer's
+		// result, when it came before the read of it saw the end of the
+		// context, only says that it stopped because this side did
+		// ("context canceled").
+		return runErr
+	case ownErr && (pm.err != nil || pm.r.Err != "" && pm.r.Err != context.Canceled.Error()):
+		// (A peer that only stopped because this side failed, the
+		// passive side of WRITE and READ, adds nothing.)
+		// Both sides failed: this side's failure first, then the peer's.
+		return fmt.Errorf("%w; the peer: %s", runErr, peerFailure(pm))
+	case pm.err != nil:
+		return pm.err
+	case pm.r.Err != "" && !ownErr:
+		return &exchange.PeerError{Reason: pm.r.Err}
+	case runErr != nil:
+		return runErr
+	case sendErr != nil:
+		return sendErr
+	}
+	return nil
 }
 
 // closedDuring says what this side was doing when the peer closed the
