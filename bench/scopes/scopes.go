@@ -54,7 +54,9 @@ type Config struct {
 	// Slice is the length of one slice with or without remaps (default
 	// 100 ms): a row is Duration/Slice cycles of one slice without
 	// remaps and one with, in ABBA order, so that a change in the
-	// machine's load weighs on both alike.
+	// machine's load weighs on both alike. A slice without remaps lasts
+	// until a WRITE of the untouched QPs completed in it, if that is
+	// later (at most 10 s: Run then fails).
 	Slice    time.Duration
 	Settle   time.Duration // traffic not counted at the start of each slice, default 10 ms
 	Period   time.Duration // T: a remap of MR 0 starts every Period, default 10 ms
@@ -717,6 +719,20 @@ func (b *bed) slice(tr *traffic, cfg Config, wait func(time.Duration) error, row
 		if err := wait(d); err != nil {
 			return sample{}, err
 		}
+		// A slice without remaps is the baseline of the untouched QPs'
+		// rate: one in which none of their WRITEs completed (a loaded
+		// machine that did not schedule the process for the whole slice)
+		// measured the machine, not the traffic, and left the row with
+		// no baseline. It goes on until one did, up to baselineLimit.
+		for b.untouchedMoved(start, snap()) == 0 {
+			if time.Since(t0) > baselineLimit {
+				return sample{}, fmt.Errorf("scopes: no WRITE of the untouched QPs completed in %v without remaps: %s",
+					time.Since(t0).Round(time.Millisecond), tr.diagnose())
+			}
+			if err := wait(time.Millisecond); err != nil {
+				return sample{}, err
+			}
+		}
 	} else {
 		end := t0.Add(d)
 		next := t0
@@ -754,6 +770,28 @@ func (b *bed) slice(tr *traffic, cfg Config, wait func(time.Duration) error, row
 		s.inDur += w
 	}
 	return s, nil
+}
+
+// baselineLimit bounds a slice without remaps that waits for a WRITE of
+// the untouched QPs to complete (bed.slice): as long as Run waits for the
+// WRITEs in flight at the end.
+const baselineLimit = 10 * time.Second
+
+// untouchedMoved is the bytes the untouched QPs (those that do not write
+// MR 0) completed between two snapshots; -1 when there is none (every QP
+// writes MR 0), whose baseline is NaN whatever the traffic.
+func (b *bed) untouchedMoved(from, to []uint64) int64 {
+	n, sum := 0, uint64(0)
+	for i, g := range b.groups {
+		if g != touching {
+			n++
+			sum += to[i] - from[i]
+		}
+	}
+	if n == 0 {
+		return -1
+	}
+	return int64(sum)
 }
 
 // add accumulates o into s.

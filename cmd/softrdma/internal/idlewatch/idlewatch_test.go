@@ -23,6 +23,7 @@ func TestWatch(t *testing.T) {
 			w.Done(int64(i + 1))
 		}
 		require.False(t, w.Expired())
+		require.EqualValues(t, 5, w.Notes(), "Start's own note not counted")
 		time.Sleep(1200 * time.Millisecond) // a limit and a check interval
 		synctest.Wait()
 		require.ErrorIs(t, ctx.Err(), context.Canceled)
@@ -56,4 +57,5 @@ func TestNoLimit(t *testing.T) {
 	require.False(t, w.Expired())
 	require.Zero(t, w.Count())
 	require.Zero(t, w.Limit())
+	require.Zero(t, w.Notes())
 }

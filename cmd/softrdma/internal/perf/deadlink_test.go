@@ -79,13 +79,27 @@ func (p *freezingProxy) pipe(dst, src net.Conn) {
 // killLinkAtRunStart makes the link die, in this process, once both sides
 // started a round's run (both passed the barrier): the client's device
 // loses every packet (--impair loss=1, set by the caller) and the proxy
-// of the exchange freezes.
-func killLinkAtRunStart(t *testing.T, p *freezingProxy) {
+// of the exchange freezes. Neither side's run goes on before the link is
+// dead: the first side at the hook waits for the second. (It once ran on:
+// a loaded machine that kept the second side from its hook for longer
+// than --idle-timeout let the first side's result cross the link still
+// alive, and the other side failed on that result, not on the dead link.)
+//
+// late, if not 0, keeps the server from its hook that long, as a loaded
+// machine that does not schedule it: the client, its bounds running,
+// waits for it at the hook.
+func killLinkAtRunStart(t *testing.T, p *freezingProxy, late time.Duration) {
 	var started atomic.Int32
-	testHookRunSide = func(*session) {
+	dead := make(chan struct{})
+	testHookRunSide = func(s *session) {
+		if s.server && late > 0 {
+			time.Sleep(late) // not a timer under test: a goroutine not scheduled
+		}
 		if started.Add(1) == 2 {
 			p.frozen.Store(true)
+			close(dead)
 		}
+		<-dead
 	}
 	t.Cleanup(func() { testHookRunSide = nil })
 }
@@ -108,24 +122,34 @@ func TestDeadLinkBoundsBothSides(t *testing.T) {
 		cliWant string
 		srvWant string
 		within  time.Duration
+		late    time.Duration // the server's lateness to its run (killLinkAtRunStart)
 	}{
 		{"write-bw -n", WriteBW, Params{Size: 4096, Iters: 100_000_000}, 0,
 			`^no completion for 300ms \(--idle-timeout\) after 0 of 100000000 iterations`,
 			`^nothing received from the peer for 300ms \(--idle-timeout\) during the run and no result from it over the exchange: ` +
 				`the peer or the path to it is probably dead \(a link that died takes the exchange's TCP connection with it; `,
-			idle + peerGrace + 3*time.Second},
+			idle + peerGrace + 3*time.Second, 0},
 		{"send-bw -D", SendBW, Params{Duration: 300 * time.Millisecond}, 200 * time.Millisecond,
 			`^-D 300ms: the work requests still outstanding did not complete within 300ms after the run, and no result came ` +
 				`from the peer at 127\.0\.0\.1:\d+ in the 300ms after that \(300ms \+ 300ms \+ 300ms allowed, (\d+\.\d)s waited in all\): ` +
 				`the peer or the path to it is probably dead`,
 			`^-D 300ms: the peer's run did not end and no result came from it within 900ms \(the duration, 300ms for its work requests ` +
 				`still outstanding, and 300ms for its result\): the peer or the path to it is probably dead`,
-			900*time.Millisecond + 3*time.Second},
+			900*time.Millisecond + 3*time.Second, 0},
 		{"write-bw -D", WriteBW, Params{Duration: 300 * time.Millisecond}, 200 * time.Millisecond,
 			`^-D 300ms: the work requests still outstanding did not complete within 300ms after the run, and no result came ` +
 				`from the peer at 127\.0\.0\.1:\d+ in the 300ms after that \(300ms \+ 300ms \+ 300ms allowed, (\d+\.\d)s waited in all\): `,
 			`^-D 300ms: the peer's run did not end and no result came from it within 900ms`,
-			900*time.Millisecond + 3*time.Second},
+			900*time.Millisecond + 3*time.Second, 0},
+		// A side that reached its run late, its bounds already running
+		// (here the client, held at the hook): the time it says it waited
+		// in all is still at least the limits that expired (it once
+		// counted from after the stall: "0.6s waited" of 0.9s allowed).
+		{"write-bw -D, late", WriteBW, Params{Duration: 300 * time.Millisecond}, 200 * time.Millisecond,
+			`^-D 300ms: the work requests still outstanding did not complete within 300ms after the run, and no result came ` +
+				`from the peer at 127\.0\.0\.1:\d+ in the 300ms after that \(300ms \+ 300ms \+ 300ms allowed, (\d+\.\d)s waited in all\): `,
+			`^-D 300ms: the peer's run did not end and no result came from it within 900ms`,
+			900*time.Millisecond + 3*time.Second + 600*time.Millisecond, 600 * time.Millisecond},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.drain != 0 {
@@ -134,7 +158,7 @@ func TestDeadLinkBoundsBothSides(t *testing.T) {
 				t.Cleanup(func() { drainMin = old })
 			}
 			p := &freezingProxy{}
-			killLinkAtRunStart(t, p)
+			killLinkAtRunStart(t, p, tc.late)
 			start := time.Now()
 			r := runPairWith(t, tc.test,
 				Options{IdleTimeout: idle, Logf: func(string, ...any) {}},
@@ -225,4 +249,49 @@ func TestPeerGoneMidRunIsNamed(t *testing.T) {
 		require.Error(t, r.srvErr)
 		assert.EqualError(t, r.srvErr, "peer: interrupted (SIGINT or SIGTERM)")
 	})
+}
+
+// TestDeliverPeerResultBeforeStop: when the peer's result ends the run
+// (its run context cancelled, or the passive side's wait on spoke), the
+// result is already in peerc: the passive side then reads it with a limit
+// of 0 (resultWait), and a result delivered after the cancel or the close
+// of spoke was lost on a loaded machine, ending write-bw's server with a
+// bare "context canceled" (TestIdleTimeoutBoundsADeadPath/write-bw).
+func TestDeliverPeerResultBeforeStop(t *testing.T) {
+	peerc := make(chan peerMsg, 1)
+	spoke := make(chan struct{})
+	stopped := false
+	deliverPeerResult(peerMsg{r: roundResult{Err: "no completion"}}, peerc, spoke, func() {
+		stopped = true
+		assert.True(t, closed(spoke), "spoke is closed before the run is stopped")
+		require.Len(t, peerc, 1, "the result is in peerc before the run is stopped")
+	})
+	assert.True(t, stopped)
+	pm := <-peerc
+	assert.Equal(t, "no completion", pm.r.Err)
+}
+
+// TestInterruptedSideReportsItsInterrupt: a side whose Run's context
+// ended (Ctrl-C, SIGTERM) reports that, whatever the peer's result says:
+// the peer, stopped by this side's "interrupted", reports "context
+// canceled", and the read of its result could take that result before it
+// saw the end of the context (both ready, on a loaded machine: 2 runs of
+// 15 of TestPeerGoneMidRunIsNamed/interrupted said "peer: context
+// canceled"). A side whose run only stopped because the peer failed (its
+// own context alive) reports the peer's failure.
+func TestInterruptedSideReportsItsInterrupt(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	s := &session{runCtx: ctx}
+	for _, pm := range []peerMsg{
+		{r: roundResult{Err: context.Canceled.Error()}}, // the peer's result came first
+		{err: context.Canceled},                         // the read saw the context's end first
+	} {
+		err := s.roundErr(context.Canceled, nil, pm)
+		require.ErrorIs(t, err, context.Canceled, "%+v", pm)
+		assert.NotContains(t, err.Error(), "peer", "%+v", pm)
+	}
+	live := &session{runCtx: context.Background()}
+	err := live.roundErr(context.Canceled, nil, peerMsg{r: roundResult{Err: peerInterrupted}})
+	assert.EqualError(t, err, "peer: "+peerInterrupted)
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/softrdma/softrdma/cmd/softrdma/internal/exchange"
+	"github.com/softrdma/softrdma/cmd/softrdma/internal/idlewatch"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -185,16 +186,30 @@ func TestIdleTimeoutBoundsADeadPath(t *testing.T) {
 }
 
 // TestIdleTimeoutRestartsOnCompletions: the idle timer bounds the time
-// between completions, not the run: a run longer than --idle-timeout
-// whose completions keep coming passes.
+// between completions, not the run: every completion the run's loops see
+// restarts it. The watch's own behaviour (a run longer than the limit
+// whose progress keeps coming is not ended; a whole limit without any
+// is) is tested on synctest's clock (idlewatch.TestWatch); here the
+// run's loops must note each completion, counted, not timed: a limit
+// exceeded by a run that waited for its CPU on a loaded machine (the
+// race-enabled suite once paused longer than 400 ms between two
+// completions) says nothing about the code. One WRITE at a time with
+// every one signalled (-t 1, CQ moderation 1): one completion per poll.
 func TestIdleTimeoutRestartsOnCompletions(t *testing.T) {
-	// About 1 ms per message of 1 MiB one at a time (more with -race): 0.6 s or more in all,
-	// well over the limit, and far less between two completions. (A limit
-	// of 50 ms was tripped once by a stall of the loaded, race-enabled
-	// suite: the limit must be far above any pause between completions.)
-	r := runPair(t, WriteBW, Options{IdleTimeout: 400 * time.Millisecond},
-		Options{Params: Params{Size: 1 << 20, Iters: 600, TxDepth: 1, CQMod: 1}, IdleTimeout: 400 * time.Millisecond})
+	const iters = 200
+	var w *idlewatch.Watch
+	testHookRunSide = func(s *session) {
+		if !s.server {
+			w = s.idle
+		}
+	}
+	t.Cleanup(func() { testHookRunSide = nil })
+	r := runPair(t, WriteBW, Options{IdleTimeout: time.Minute},
+		Options{Params: Params{Size: 4096, Iters: iters, TxDepth: 1, CQMod: 1}, IdleTimeout: time.Minute})
 	requireOK(t, r)
+	require.NotNil(t, w, "the client's run had an idle watch")
+	assert.GreaterOrEqual(t, w.Notes(), int64(iters), "the idle timer restarted on every completion")
+	assert.EqualValues(t, iters, w.Count(), "the iterations the watch would report")
 }
 
 // TestIdleTimeoutWithFileSaysTheFile: a --file run whose packets are all

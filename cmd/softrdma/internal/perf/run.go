@@ -156,6 +156,21 @@ type peerMsg struct {
 	err error
 }
 
+// deliverPeerResult hands the peer's result of a round (or why it could
+// not be read) to the round: first into peerc (capacity 1), then it
+// closes spoke, then it calls stop (which cancels the run when the peer
+// failed). In that order: a run that ends because spoke closed or its
+// context was cancelled finds the result already in peerc, so that
+// peerResult with a limit of 0 (resultWait after the passive side's
+// grace) cannot miss it. Closing spoke first once let a loaded machine
+// end the passive side's run with a bare "context canceled" instead of
+// the peer's story.
+func deliverPeerResult(pm peerMsg, peerc chan<- peerMsg, spoke chan struct{}, stop func()) {
+	peerc <- pm
+	close(spoke)
+	stop()
+}
+
 // peerResult waits for the peer's result of a round, after this side's
 // run. It waits as long as it takes (as perftest, until TCP gives up)
 // when this side's -n run succeeded: its peer's run is then over or
@@ -657,10 +672,16 @@ const peerInterrupted = "interrupted (SIGINT or SIGTERM)"
 // reasonForPeer is err as this side tells its peer, in its result or an
 // error message.
 func (s *session) reasonForPeer(err error) string {
-	if s.runCtx != nil && s.runCtx.Err() != nil && errors.Is(err, context.Canceled) {
+	if s.interrupted(err) {
 		return peerInterrupted
 	}
 	return err.Error()
+}
+
+// interrupted says whether err is the end of Run's own context (Ctrl-C,
+// SIGTERM), not of a context that this side cancelled itself.
+func (s *session) interrupted(err error) bool {
+	return s.runCtx != nil && s.runCtx.Err() != nil && errors.Is(err, context.Canceled)
 }
 
 func (s *session) runServer(ctx context.Context) error {
@@ -889,15 +910,14 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 	go func() {
 		var r roundResult
 		err := s.ctrl.RecvJSON(ctx, exchange.MsgResult, &r)
-		if err == nil && r.Err == "" {
+		stop := err != nil || r.Err != ""
+		if !stop {
 			var n int64
 			for _, c := range r.Counts {
 				n += c
 			}
 			target.Store(n)
 			close(known)
-		} else if !s.draining() {
-			cancel() // the peer failed: stop waiting for it
 		}
 		// A peer that failed while this side drains its -D run (its
 		// duration over, work requests outstanding) most likely failed
@@ -906,8 +926,11 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 		// drainLimit, and its own failure is the one reported, the
 		// peer's mentioned after it, whichever side's bound expired
 		// first.
-		close(spoke)
-		peerc <- peerMsg{r, err}
+		deliverPeerResult(peerMsg{r, err}, peerc, spoke, func() {
+			if stop && !s.draining() {
+				cancel() // the peer failed: stop waiting for it
+			}
+		})
 	}()
 	targetFn := func() (int64, bool) {
 		select {
@@ -924,6 +947,10 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 	// watches the packets it receives.
 	// A -D run is bounded instead: the side posting the work by its
 	// drain limit (session.bounded), the other by resultBound.
+	// The round starts before its bounds do: the time a drainError says
+	// was waited in all is at least the limits that expired, however
+	// long a loaded machine kept this goroutine from the run.
+	s.roundStart, s.boundUsed = s.clock(), false
 	bctx, bcancel := s.resultBound(rctx)
 	defer bcancel()
 	ictx, idle := bctx, (*idlewatch.Watch)(nil)
@@ -936,8 +963,10 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 	if testHookRunSide != nil {
 		testHookRunSide(s)
 	}
-	s.roundStart, s.boundUsed = s.clock(), false
 	mine, runErr := s.runSide(ictx, size, targetFn, known)
+	if testHookRunEnd != nil {
+		testHookRunEnd(s, runErr)
+	}
 	idle.Stop()
 	s.idle = nil
 	var nr *noResultError
@@ -988,21 +1017,8 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 		return mine, peer, fmt.Errorf("-D %v: the peer sent no result within %v after this side's run ended "+
 			"(its host or the path may be down while the TCP connection stays open)", s.p.Duration, drainLimit(s.p.Duration))
 	}
-	ownErr := runErr != nil && !errors.Is(runErr, context.Canceled)
-	switch {
-	case ownErr && (pm.err != nil || pm.r.Err != "" && pm.r.Err != context.Canceled.Error()):
-		// (A peer that only stopped because this side failed, the
-		// passive side of WRITE and READ, adds nothing.)
-		// Both sides failed: this side's failure first, then the peer's.
-		return mine, peer, fmt.Errorf("%w; the peer: %s", runErr, peerFailure(pm))
-	case pm.err != nil:
-		return mine, peer, pm.err
-	case pm.r.Err != "" && !ownErr:
-		return mine, peer, &exchange.PeerError{Reason: pm.r.Err}
-	case runErr != nil:
-		return mine, peer, runErr
-	case sendErr != nil:
-		return mine, peer, sendErr
+	if err := s.roundErr(runErr, sendErr, pm); err != nil {
+		return mine, peer, err
 	}
 	peer = pm.r
 	s.peerODP = peer.ODP
@@ -1028,6 +1044,36 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 	return mine, peer, nil
 }
 
+// roundErr is the error of a round whose run ended with runErr (this
+// side's), whose result went to the peer with sendErr, and whose peer's
+// result (or the error of reading it) is pm; nil when both sides' runs
+// succeeded.
+func (s *session) roundErr(runErr, sendErr error, pm peerMsg) error {
+	ownErr := runErr != nil && !errors.Is(runErr, context.Canceled)
+	switch {
+	case s.interrupted(runErr):
+		// This side was interrupted (Run's context ended): the peer's
+		// result, when it came before the read of it saw the end of the
+		// context, only says that it stopped because this side did
+		// ("context canceled").
+		return runErr
+	case ownErr && (pm.err != nil || pm.r.Err != "" && pm.r.Err != context.Canceled.Error()):
+		// (A peer that only stopped because this side failed, the
+		// passive side of WRITE and READ, adds nothing.)
+		// Both sides failed: this side's failure first, then the peer's.
+		return fmt.Errorf("%w; the peer: %s", runErr, peerFailure(pm))
+	case pm.err != nil:
+		return pm.err
+	case pm.r.Err != "" && !ownErr:
+		return &exchange.PeerError{Reason: pm.r.Err}
+	case runErr != nil:
+		return runErr
+	case sendErr != nil:
+		return sendErr
+	}
+	return nil
+}
+
 // closedDuring says what this side was doing when the peer closed the
 // exchange's connection before sending its round's result (its process
 // killed, mid-run): still running the test, serving the peer's run
@@ -1045,6 +1091,10 @@ func (s *session) closedDuring(runEnded bool) string {
 // testHookRunSide, if set (by tests), is called when a round's run starts
 // (after the barrier, with the idle watch running).
 var testHookRunSide func(s *session)
+
+// testHookRunEnd, if set (by tests), is called when this side's part of a
+// round's run returned, before its result goes to the peer.
+var testHookRunEnd func(s *session, runErr error)
 
 // iterations is the number of messages a round's result reports.
 func iterations(r *roundResult) int64 {

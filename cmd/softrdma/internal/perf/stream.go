@@ -182,7 +182,13 @@ func (s *session) pull(ctx context.Context, size int64, snk sink, lenOf func(k i
 	pl := s.newPoller()
 	peak := report.NewPeakTracker(size, n)
 	rc := recvClock{s: s}
-	for done := false; !done; {
+	// The loop ends at the end of stream once the credits sent have
+	// completed too (their ACKs came), as readFetch's: a run that
+	// returned before destroyed the QP under a credit whose ACK, or whose
+	// retransmission on a loaded machine, then met no QP (the demo's
+	// drop_unknown_qpn). The source acknowledges them: its QP stays until
+	// this side's result.
+	for done := false; !done || creditsOut > 0; {
 		wcs, err := pl.poll(ctx, true)
 		if err != nil {
 			return report.BW{}, err
