@@ -472,3 +472,38 @@ func TestCloseSendsLastDREQ(t *testing.T) {
 		require.Equal(t, uint64(1), received(cmA, mad.AttrDREQ))
 	})
 }
+
+// TestActiveGivesUpBeforeAccept: the active side abandons its REQ before
+// the passive application takes it from the backlog. Its REJ "timeout"
+// (reason 4) carries no remote comm ID (the active side never learnt the
+// passive one), so, as ib_cm does (cm_acquire_rejected_id), the passive
+// side finds the connection by the REJ's local comm ID and the Local CA
+// GUID in its ARI (IBTA 12.6.7, Table 112), and ends it (cm_rej_handler
+// in REQ_RCVD): the late Accept fails at once with the REJ, without
+// sending a REP the active side no longer knows and waiting out its 15
+// retransmissions.
+func TestActiveGivesUpBeforeAccept(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p, cmA, cmB := pair(t)
+		l, err := cmA.Listen(port, 1)
+		require.NoError(t, err)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_, err = cmB.Connect(ctx, p.B.QP, netipAddrPort(p.A.Dev, port), rdmacm.ConnParam{})
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		require.Equal(t, uint64(1), sent(cmB, mad.AttrREJ))
+		synctest.Wait() // the REJ reaches A
+		require.Equal(t, uint64(1), received(cmA, mad.AttrREJ))
+		require.Zero(t, cmA.Counters().UnknownCommID.Load(), "the REJ is matched by its ARI")
+		r, err := l.GetRequest(context.Background())
+		require.NoError(t, err)
+		start := time.Now()
+		_, err = r.Accept(context.Background(), p.A.QP, rdmacm.ConnParam{})
+		var rej *rdmacm.RejectError
+		require.ErrorAs(t, err, &rej)
+		require.Equal(t, mad.RejTimeout, rej.Reason)
+		require.Zero(t, time.Since(start))
+		require.Zero(t, sent(cmA, mad.AttrREP))
+		require.Equal(t, softrdma.QPStateReset, p.A.QP.State(), "the QP is not touched")
+	})
+}

@@ -277,6 +277,13 @@ func (r *ConnRequest) Accept(ctx context.Context, qp *softrdma.QP, p ConnParam) 
 		return nil, err
 	}
 	cm.mu.Lock()
+	if c.state == stClosed && c.err != nil {
+		// Ended before the application answered: the active side gave
+		// up (its REJ), or the listener closed.
+		err := c.err
+		cm.mu.Unlock()
+		return nil, err
+	}
 	if c.state != stReqRcvd && c.state != stMRASent {
 		cm.mu.Unlock()
 		return nil, fmt.Errorf("%w: accept in state %v", ErrState, c.state)
@@ -488,7 +495,7 @@ func (c *Conn) onRTU() {
 
 func (c *Conn) onREJ(r mad.REJ) {
 	switch c.state {
-	case stReqSent, stMRARcvd, stRepSent, stEstablished:
+	case stReqSent, stMRARcvd, stReqRcvd, stMRASent, stRepSent, stEstablished:
 		// A REJ after the RTU is a peer that timed out on us; it ends
 		// the connection as well (ib_cm moves to TIMEWAIT).
 	default:
