@@ -82,7 +82,10 @@ type Options struct {
 	// messages, how long we wait (the peer's own value, from its REQ).
 	ResponseTimeout uint8
 	// MaxRetries is how many times a REQ, REP or DREQ is sent again
-	// (default 15, at most 15: a 4-bit field).
+	// (default 15, at most 15: a 4-bit field). Our REQs carry it as
+	// their Max CM Retries, which both sides of that connection use
+	// (IBTA 12.7.27); on connections we accept, the peer's REQ's value
+	// applies instead.
 	MaxRetries uint8
 	// Logf receives a line for each message refused or dropped (default
 	// log.Printf).

@@ -507,3 +507,31 @@ func TestActiveGivesUpBeforeAccept(t *testing.T) {
 		require.Equal(t, softrdma.QPStateReset, p.A.QP.State(), "the QP is not touched")
 	})
 }
+
+// TestPassiveRetriesFollowTheREQ: the passive side waits for the active
+// side's answers as long as the REQ's Local CM Response Timeout says
+// and sends a request again as many times as the REQ's Max CM Retries
+// say, for its DREQ as for its REP (IBTA 12.7.27 and 12.7.39: the Max CM
+// Retries "either CM" uses; ib_cm's cm_req_handler takes both from the
+// REQ). Here A (passive: timeout 16, 2 retries of its own) disconnects
+// from B (active: timeout 18, 3 retries), whose CM is gone: the DREQ
+// goes 1 + 3 times, 4.096 µs × 2^18 (plus the round-trip allowance)
+// apart, then A's connection ends.
+func TestPassiveRetriesFollowTheREQ(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := softrdmatest.NewPair(t, softrdmatest.Options{Pipe: true, NoPcap: true, NoConnect: true})
+		cmA, err := rdmacm.Open(p.A.Dev, rdmacm.Options{Logf: t.Logf, ResponseTimeout: 16, MaxRetries: 2})
+		require.NoError(t, err)
+		defer cmA.Close()
+		cmB, err := rdmacm.Open(p.B.Dev, rdmacm.Options{Logf: t.Logf, ResponseTimeout: 18, MaxRetries: 3})
+		require.NoError(t, err)
+		ca, _ := connect(t, p, cmA, cmB)
+		require.NoError(t, cmB.Close()) // B's DREPs never come
+		start := time.Now()
+		require.NoError(t, ca.Disconnect())
+		<-ca.Done()
+		step := 4096*time.Nanosecond<<18 + 2*(4096*time.Nanosecond<<14)
+		require.Equal(t, 4*step, time.Since(start))
+		require.Equal(t, uint64(4), sent(cmA, mad.AttrDREQ))
+	})
+}
