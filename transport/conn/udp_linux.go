@@ -671,7 +671,7 @@ func (c *UDPConn) sendMessages(nm int) (resume sendResume, failed int, err error
 		if c.sErr == unix.EIO && r.count > 1 {
 			c.gso.Store(false)
 			c.logf("conn: %v: UDP GSO send failed (%v); GSO turned off", c.local, c.sErr)
-			return sendResume{first: r.first, gsoOff: true}, failed, nil
+			return sendResume{first: r.first, gsoOff: true}, failed, err // err: an earlier refusal
 		}
 		if (c.sErr == unix.EMSGSIZE || c.sErr == unix.EINVAL) && r.count > 1 {
 			return sendResume{first: r.first, count: r.count}, failed, err
