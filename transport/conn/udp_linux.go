@@ -515,8 +515,12 @@ func (c *UDPConn) emitFrom(port uint16, items []item) error {
 		if s := c.src[port]; s != nil {
 			c.sFd = s.fd
 		} else {
+			// Released while the packets waited (a delay impairment):
+			// they leave from the conn's own port, and a ready ICRC,
+			// computed for the other port, is hashed again.
 			for i := range items {
 				items[i].sport = 0
+				items[i].icrc = false
 			}
 		}
 	}
