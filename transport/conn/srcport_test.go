@@ -246,3 +246,24 @@ func TestUDPReleasedPortRehashesAReadyICRC(t *testing.T) {
 	require.Equal(t, 1, tap.n)
 	require.Zero(t, tap.bad)
 }
+
+// TestPipeReleasedPortLeavesFromOwnPort: the pipe's counterpart of
+// TestUDPReleasedPortRehashesAReadyICRC: a packet whose source port is
+// released while it waits in a delay impairment arrives from the conn's
+// own port (Packet.SrcPort), with an ICRC for that port.
+func TestPipeReleasedPortLeavesFromOwnPort(t *testing.T) {
+	a, b := newPipe(t, 0)
+	const held = 0xC125
+	require.NoError(t, a.AcquireSourcePort(held))
+	require.NoError(t, a.SetImpairment(&conn.Impairment{Delay: 20 * time.Millisecond, Dir: conn.DirTx}))
+	buf := newPacket(7, 64)
+	h := wire.IPHeader{Src: a.LocalAddr().Addr(), Dst: b.LocalAddr().Addr(), DF: true}
+	wire.PutICRC(&h, held, b.LocalAddr().Port(), buf)
+	require.NoError(t, a.Send([]conn.Packet{{Buf: buf, Addr: b.LocalAddr(), SrcPort: held, ICRCReady: true}}))
+	a.ReleaseSourcePort(held)
+	got := receiveN(t, b, 1, 5*time.Second)
+	require.Len(t, got, 1)
+	require.Equal(t, a.LocalAddr(), got[0].from)
+	require.True(t, wire.VerifyICRCExact(&h, a.LocalAddr().Port(), b.LocalAddr().Port(), got[0].buf))
+	require.Zero(t, b.Stats().BadICRC.Load())
+}
