@@ -535,3 +535,24 @@ func TestPassiveRetriesFollowTheREQ(t *testing.T) {
 		require.Equal(t, uint64(4), sent(cmA, mad.AttrDREQ))
 	})
 }
+
+// TestListenerCloseSkipsEndedRequests: a request in the backlog that the
+// active side has abandoned (its REJ "timeout") is not rejected again
+// when the listener closes: there is nobody left to tell.
+func TestListenerCloseSkipsEndedRequests(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p, cmA, cmB := pair(t)
+		l, err := cmA.Listen(port, 1)
+		require.NoError(t, err)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_, err = cmB.Connect(ctx, p.B.QP, netipAddrPort(p.A.Dev, port), rdmacm.ConnParam{})
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		synctest.Wait()
+		require.Equal(t, uint64(1), received(cmA, mad.AttrREJ))
+		require.NoError(t, l.Close())
+		synctest.Wait()
+		require.Zero(t, sent(cmA, mad.AttrREJ))
+		require.Zero(t, cmB.Counters().UnknownCommID.Load())
+	})
+}

@@ -231,7 +231,9 @@ func (l *Listener) closeLocked() {
 	for {
 		select {
 		case r := <-l.reqs:
-			r.c.rejectLocked(mad.RejInvalidServiceID, nil)
+			if r.c.state == stReqRcvd || r.c.state == stMRASent { // not ended by the peer's REJ
+				r.c.rejectLocked(mad.RejInvalidServiceID, nil)
+			}
 		default:
 			return
 		}
