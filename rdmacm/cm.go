@@ -82,7 +82,10 @@ type Options struct {
 	// messages, how long we wait (the peer's own value, from its REQ).
 	ResponseTimeout uint8
 	// MaxRetries is how many times a REQ, REP or DREQ is sent again
-	// (default 15, at most 15: a 4-bit field).
+	// (default 15, at most 15: a 4-bit field). Our REQs carry it as
+	// their Max CM Retries, which both sides of that connection use
+	// (IBTA 12.7.27); on connections we accept, the peer's REQ's value
+	// applies instead.
 	MaxRetries uint8
 	// Logf receives a line for each message refused or dropped (default
 	// log.Printf).
@@ -420,6 +423,9 @@ func (cm *CM) receive(b []byte, wc *softrdma.WC) {
 	}
 	local, remote := mad.CommIDs(attr, data)
 	c := cm.byLocal[remote]
+	if c == nil && attr == mad.AttrREJ {
+		c = cm.timedOutConn(mad.REJ(data))
+	}
 	if c == nil {
 		cm.ctr.UnknownCommID.Add(1)
 		cm.warn(warnNotOurs, "rdmacm: dropped a %v from %v for comm ID %#08x (local %#08x), which is not ours", attr, peer, remote, local)
@@ -552,13 +558,41 @@ func (cm *CM) newLocalID() uint32 {
 }
 
 // reject sends a REJ answering msg (a REQ or REP) from the peer's comm ID
-// remoteID; localID is ours (0 when we kept no state). Caller holds mu.
+// remoteID; localID is ours (0 when we kept no state). A REJ "timeout"
+// carries our Local CA GUID as its ARI (IBTA 12.6.7.2, Table 112; ib_cm
+// sends its node GUID): a peer that never learnt our comm ID finds the
+// connection by it (timedOutConn). Caller holds mu.
 func (cm *CM) reject(to dest, tid uint64, localID, remoteID uint32, msg mad.MessageKind,
 	reason mad.RejectReason, private []byte) {
+	var ari []byte
+	var guid [8]byte
+	if reason == mad.RejTimeout {
+		binary.BigEndian.PutUint64(guid[:], cm.guid)
+		ari = guid[:]
+	}
 	cm.sendCM(to, mad.AttrREJ, tid, func(data []byte) {
 		mad.REJ(data).Encode(&mad.REJFields{LocalCommID: localID, RemoteCommID: remoteID,
-			MessageRejected: msg, Reason: reason, PrivateData: private})
+			MessageRejected: msg, Reason: reason, ARI: ari, PrivateData: private})
 	})
+}
+
+// timedOutConn returns the passive connection a REJ "timeout" ends when
+// the REJ does not name our comm ID (an active side that gives up on its
+// REQ before any REP never learnt it): the one whose REQ came with the
+// REJ's local comm ID from the CA whose GUID is the REJ's ARI, as ib_cm
+// finds it (cm_acquire_rejected_id). nil if none. Caller holds mu.
+func (cm *CM) timedOutConn(r mad.REJ) *Conn {
+	ari := r.ARI()
+	if r.Reason() != mad.RejTimeout || len(ari) < 8 {
+		return nil
+	}
+	guid := binary.BigEndian.Uint64(ari)
+	for k, c := range cm.byRemote {
+		if k.id == r.LocalCommID() && !c.active && c.req.LocalCAGUID == guid {
+			return c
+		}
+	}
+	return nil
 }
 
 // onREQ handles a REQ. Caller holds mu.

@@ -472,3 +472,87 @@ func TestCloseSendsLastDREQ(t *testing.T) {
 		require.Equal(t, uint64(1), received(cmA, mad.AttrDREQ))
 	})
 }
+
+// TestActiveGivesUpBeforeAccept: the active side abandons its REQ before
+// the passive application takes it from the backlog. Its REJ "timeout"
+// (reason 4) carries no remote comm ID (the active side never learnt the
+// passive one), so, as ib_cm does (cm_acquire_rejected_id), the passive
+// side finds the connection by the REJ's local comm ID and the Local CA
+// GUID in its ARI (IBTA 12.6.7, Table 112), and ends it (cm_rej_handler
+// in REQ_RCVD): the late Accept fails at once with the REJ, without
+// sending a REP the active side no longer knows and waiting out its 15
+// retransmissions.
+func TestActiveGivesUpBeforeAccept(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p, cmA, cmB := pair(t)
+		l, err := cmA.Listen(port, 1)
+		require.NoError(t, err)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_, err = cmB.Connect(ctx, p.B.QP, netipAddrPort(p.A.Dev, port), rdmacm.ConnParam{})
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		require.Equal(t, uint64(1), sent(cmB, mad.AttrREJ))
+		synctest.Wait() // the REJ reaches A
+		require.Equal(t, uint64(1), received(cmA, mad.AttrREJ))
+		require.Zero(t, cmA.Counters().UnknownCommID.Load(), "the REJ is matched by its ARI")
+		r, err := l.GetRequest(context.Background())
+		require.NoError(t, err)
+		start := time.Now()
+		_, err = r.Accept(context.Background(), p.A.QP, rdmacm.ConnParam{})
+		var rej *rdmacm.RejectError
+		require.ErrorAs(t, err, &rej)
+		require.Equal(t, mad.RejTimeout, rej.Reason)
+		require.Zero(t, time.Since(start))
+		require.Zero(t, sent(cmA, mad.AttrREP))
+		require.Equal(t, softrdma.QPStateReset, p.A.QP.State(), "the QP is not touched")
+	})
+}
+
+// TestPassiveRetriesFollowTheREQ: the passive side waits for the active
+// side's answers as long as the REQ's Local CM Response Timeout says
+// and sends a request again as many times as the REQ's Max CM Retries
+// say, for its DREQ as for its REP (IBTA 12.7.27 and 12.7.39: the Max CM
+// Retries "either CM" uses; ib_cm's cm_req_handler takes both from the
+// REQ). Here A (passive: timeout 16, 2 retries of its own) disconnects
+// from B (active: timeout 18, 3 retries), whose CM is gone: the DREQ
+// goes 1 + 3 times, 4.096 µs × 2^18 (plus the round-trip allowance)
+// apart, then A's connection ends.
+func TestPassiveRetriesFollowTheREQ(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := softrdmatest.NewPair(t, softrdmatest.Options{Pipe: true, NoPcap: true, NoConnect: true})
+		cmA, err := rdmacm.Open(p.A.Dev, rdmacm.Options{Logf: t.Logf, ResponseTimeout: 16, MaxRetries: 2})
+		require.NoError(t, err)
+		defer cmA.Close()
+		cmB, err := rdmacm.Open(p.B.Dev, rdmacm.Options{Logf: t.Logf, ResponseTimeout: 18, MaxRetries: 3})
+		require.NoError(t, err)
+		ca, _ := connect(t, p, cmA, cmB)
+		require.NoError(t, cmB.Close()) // B's DREPs never come
+		start := time.Now()
+		require.NoError(t, ca.Disconnect())
+		<-ca.Done()
+		step := 4096*time.Nanosecond<<18 + 2*(4096*time.Nanosecond<<14)
+		require.Equal(t, 4*step, time.Since(start))
+		require.Equal(t, uint64(4), sent(cmA, mad.AttrDREQ))
+	})
+}
+
+// TestListenerCloseSkipsEndedRequests: a request in the backlog that the
+// active side has abandoned (its REJ "timeout") is not rejected again
+// when the listener closes: there is nobody left to tell.
+func TestListenerCloseSkipsEndedRequests(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p, cmA, cmB := pair(t)
+		l, err := cmA.Listen(port, 1)
+		require.NoError(t, err)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_, err = cmB.Connect(ctx, p.B.QP, netipAddrPort(p.A.Dev, port), rdmacm.ConnParam{})
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		synctest.Wait()
+		require.Equal(t, uint64(1), received(cmA, mad.AttrREJ))
+		require.NoError(t, l.Close())
+		synctest.Wait()
+		require.Zero(t, sent(cmA, mad.AttrREJ))
+		require.Zero(t, cmB.Counters().UnknownCommID.Load())
+	})
+}

@@ -231,7 +231,9 @@ func (l *Listener) closeLocked() {
 	for {
 		select {
 		case r := <-l.reqs:
-			r.c.rejectLocked(mad.RejInvalidServiceID, nil)
+			if r.c.state == stReqRcvd || r.c.state == stMRASent { // not ended by the peer's REJ
+				r.c.rejectLocked(mad.RejInvalidServiceID, nil)
+			}
 		default:
 			return
 		}
@@ -277,6 +279,13 @@ func (r *ConnRequest) Accept(ctx context.Context, qp *softrdma.QP, p ConnParam) 
 		return nil, err
 	}
 	cm.mu.Lock()
+	if c.state == stClosed && c.err != nil {
+		// Ended before the application answered: the active side gave
+		// up (its REJ), or the listener closed.
+		err := c.err
+		cm.mu.Unlock()
+		return nil, err
+	}
 	if c.state != stReqRcvd && c.state != stMRASent {
 		cm.mu.Unlock()
 		return nil, fmt.Errorf("%w: accept in state %v", ErrState, c.state)
@@ -300,7 +309,7 @@ func (r *ConnRequest) Accept(ctx context.Context, qp *softrdma.QP, p ConnParam) 
 	}
 	c.onExpire = func() { c.sendReject(mad.RejTimeout, nil); c.failLocked(ErrTimeout) }
 	c.resend()
-	c.arm(retransmitAfter(c.req.LocalCMResponseTimeout))
+	c.arm(retransmitAfter(c.peerTimeout()))
 	cm.mu.Unlock()
 	return c, c.wait(ctx)
 }
@@ -423,12 +432,31 @@ func (c *Conn) Disconnect() error {
 	c.onExpire = func() { c.timewaitLocked() }
 	c.retries = 0
 	c.resend()
-	t := cm.opts.ResponseTimeout
-	if !c.active {
-		t = c.req.LocalCMResponseTimeout
-	}
-	c.arm(retransmitAfter(t))
+	c.arm(retransmitAfter(c.peerTimeout()))
 	return nil
+}
+
+// peerTimeout is the CM response timeout (a 5-bit exponent of 4.096 µs)
+// of the peer's CM, how long it may take to answer us: ours for the
+// active side (the REQ's Remote CM Response Timeout), the REQ's Local CM
+// Response Timeout for the passive side (IBTA 12.7.31; ib_cm's
+// cm_req_handler).
+func (c *Conn) peerTimeout() uint8 {
+	if c.active {
+		return c.cm.opts.ResponseTimeout
+	}
+	return c.req.LocalCMResponseTimeout
+}
+
+// maxRetries is how many times a request (REQ, REP, DREQ) is sent again
+// without an answer: the REQ's Max CM Retries, which "either CM" uses
+// (IBTA 12.7.27): ours on the active side, which sent it, the REQ's on
+// the passive side (ib_cm's cm_req_handler).
+func (c *Conn) maxRetries() int {
+	if c.active {
+		return int(c.cm.opts.MaxRetries)
+	}
+	return int(c.req.MaxCMRetries)
 }
 
 // --- events, with cm.mu held -----------------------------------------
@@ -488,7 +516,7 @@ func (c *Conn) onRTU() {
 
 func (c *Conn) onREJ(r mad.REJ) {
 	switch c.state {
-	case stReqSent, stMRARcvd, stRepSent, stEstablished:
+	case stReqSent, stMRARcvd, stReqRcvd, stMRASent, stRepSent, stEstablished:
 		// A REJ after the RTU is a peer that timed out on us; it ends
 		// the connection as well (ib_cm moves to TIMEWAIT).
 	default:
@@ -499,7 +527,7 @@ func (c *Conn) onREJ(r mad.REJ) {
 }
 
 func (c *Conn) onMRA(m mad.MRA) {
-	wait := mad.Timeout(m.ServiceTimeout()) + retransmitAfter(c.cm.opts.ResponseTimeout)
+	wait := mad.Timeout(m.ServiceTimeout()) + retransmitAfter(c.peerTimeout())
 	switch {
 	case c.state == stReqSent && m.MessageMRAed() == mad.MsgREQ:
 		c.state = stMRARcvd
@@ -628,7 +656,7 @@ func (c *Conn) expired() {
 	default:
 		return
 	}
-	if c.retries >= int(cm.opts.MaxRetries) {
+	if c.retries >= c.maxRetries() {
 		c.timer = nil
 		c.onExpire()
 		return
@@ -639,11 +667,7 @@ func (c *Conn) expired() {
 		c.state = stReqSent
 	}
 	c.resend()
-	t := cm.opts.ResponseTimeout
-	if !c.active && c.state != stDreqSent {
-		t = c.req.LocalCMResponseTimeout
-	}
-	c.timer = time.AfterFunc(retransmitAfter(t), c.expired)
+	c.timer = time.AfterFunc(retransmitAfter(c.peerTimeout()), c.expired)
 }
 
 // settleLocked ends the wait of Connect or Accept with err (nil:

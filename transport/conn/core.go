@@ -354,8 +354,8 @@ func (c *core) finishTx(it *item, id uint16) {
 // armTimer makes sure the timer goroutine runs when packets are waiting in
 // the send-side delay line or reorder hold. Called with txMu held.
 func (c *core) armTimer() {
-	if _, ok := c.tx.next(); !ok {
-		return
+	if _, ok := c.tx.next(); !ok || c.closed.Load() {
+		return // closed: shutdown has stopped the timer, or is about to wait for it
 	}
 	if !c.timer.started {
 		c.timer.started = true
@@ -405,8 +405,13 @@ func (c *core) timerLoop() {
 // shutdown stops the timer goroutine and discards held packets. The
 // backend has already made Receive return.
 func (c *core) shutdown() {
+	// Under txMu, the lock armTimer starts the timer goroutine under: a
+	// wg.Add (at a zero count) must happen before the Wait, and after
+	// this no Send or armTimer starts one.
+	c.txMu.Lock()
 	c.closed.Store(true)
 	close(c.timer.done)
+	c.txMu.Unlock()
 	c.timer.wg.Wait()
 	c.closeSourcePorts()
 	c.txMu.Lock()

@@ -96,6 +96,12 @@ func (p *PipeConn) emit(items []item) error {
 	peer := p.peer
 	for i := range items {
 		it := &items[i]
+		if it.sport != 0 && p.src[it.sport] == nil {
+			// Released while the packet waited (a delay impairment): it
+			// leaves from the conn's own port, its ready ICRC hashed
+			// again (UDPConn.emitFrom).
+			it.sport, it.icrc = 0, false
+		}
 		p.finishTx(it, 0)
 		p.stats.SentDatagrams.Add(1)
 		p.stats.SentBytes.Add(uint64(len(it.buf)))

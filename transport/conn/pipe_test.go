@@ -101,3 +101,32 @@ func TestPipeIPv6(t *testing.T) {
 	require.Len(t, got, 1)
 	require.Equal(t, uint32(7), seqOf(got[0].buf))
 }
+
+// TestCloseWhileSendStartsTheTimer: a Send that delays a packet starts
+// the timer goroutine (armTimer: timer.wg.Add) while Close waits for it
+// (shutdown: timer.wg.Wait). Add at a zero count must happen before Wait
+// (sync.WaitGroup); it did not, and the race detector reported it. Close
+// now stops the timer under txMu, the lock armTimer runs under, and
+// armTimer starts nothing once the conn is closed. Meaningful under
+// -race, as the tests run.
+func TestCloseWhileSendStartsTheTimer(t *testing.T) {
+	for i := range 200 {
+		a, b := conn.NewPipe()
+		require.NoError(t, a.SetImpairment(&conn.Impairment{Delay: time.Millisecond, Seed: uint64(i)}))
+		started := make(chan struct{})
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			close(started)
+			for {
+				if a.Send([]conn.Packet{{Buf: newPacket(1, 64), Addr: b.LocalAddr()}}) != nil {
+					return
+				}
+			}
+		}()
+		<-started
+		a.Close()
+		<-done
+		b.Close()
+	}
+}

@@ -215,3 +215,55 @@ func TestUDPSourcePortSharedBetweenConns(t *testing.T) {
 	_, err := conn.Listen(conn.Config{Addr: netip.AddrPortFrom(loopback, p)})
 	require.ErrorIs(t, err, syscall.EADDRINUSE)
 }
+
+// TestUDPReleasedPortRehashesAReadyICRC: a packet given to Send with
+// SrcPort held and its ICRC ready for that port waits in a delay
+// impairment; the port is released meanwhile, so the packet leaves from
+// the conn's own port (Packet.SrcPort), and its ICRC must then be hashed
+// again for that port (Packet.ICRCReady: "a packet that would leave from
+// another port than SrcPort (no longer held) is hashed again"), or the
+// peer drops it as a bad ICRC.
+func TestUDPReleasedPortRehashesAReadyICRC(t *testing.T) {
+	tap := &exactICRCTap{}
+	a := listen(t, conn.Config{Tap: tap})
+	b := listen(t, conn.Config{})
+	const held = 49443
+	if err := a.AcquireSourcePort(held); err != nil {
+		t.Skipf("source port %d: %v", held, err)
+	}
+	require.NoError(t, a.SetImpairment(&conn.Impairment{Delay: 20 * time.Millisecond, Dir: conn.DirTx}))
+	buf := newPacket(7, 1000)
+	h := wire.IPHeader{Src: a.LocalAddr().Addr(), Dst: b.LocalAddr().Addr(), DF: true}
+	wire.PutICRC(&h, held, b.LocalAddr().Port(), buf)
+	require.NoError(t, a.Send([]conn.Packet{{Buf: buf, Addr: b.LocalAddr(), SrcPort: held, ICRCReady: true}}))
+	a.ReleaseSourcePort(held) // before the delay ends
+	got := receiveN(t, b, 1, 5*time.Second)
+	require.Zero(t, b.Stats().BadICRC.Load(), "the ICRC was not hashed again for the conn's own port")
+	require.Len(t, got, 1)
+	require.Equal(t, a.LocalAddr(), got[0].from, "sent from the conn's own port")
+	tap.mu.Lock()
+	defer tap.mu.Unlock()
+	require.Equal(t, 1, tap.n)
+	require.Zero(t, tap.bad)
+}
+
+// TestPipeReleasedPortLeavesFromOwnPort: the pipe's counterpart of
+// TestUDPReleasedPortRehashesAReadyICRC: a packet whose source port is
+// released while it waits in a delay impairment arrives from the conn's
+// own port (Packet.SrcPort), with an ICRC for that port.
+func TestPipeReleasedPortLeavesFromOwnPort(t *testing.T) {
+	a, b := newPipe(t, 0)
+	const held = 0xC125
+	require.NoError(t, a.AcquireSourcePort(held))
+	require.NoError(t, a.SetImpairment(&conn.Impairment{Delay: 20 * time.Millisecond, Dir: conn.DirTx}))
+	buf := newPacket(7, 64)
+	h := wire.IPHeader{Src: a.LocalAddr().Addr(), Dst: b.LocalAddr().Addr(), DF: true}
+	wire.PutICRC(&h, held, b.LocalAddr().Port(), buf)
+	require.NoError(t, a.Send([]conn.Packet{{Buf: buf, Addr: b.LocalAddr(), SrcPort: held, ICRCReady: true}}))
+	a.ReleaseSourcePort(held)
+	got := receiveN(t, b, 1, 5*time.Second)
+	require.Len(t, got, 1)
+	require.Equal(t, a.LocalAddr(), got[0].from)
+	require.True(t, wire.VerifyICRCExact(&h, a.LocalAddr().Port(), b.LocalAddr().Port(), got[0].buf))
+	require.Zero(t, b.Stats().BadICRC.Load())
+}

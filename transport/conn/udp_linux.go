@@ -515,19 +515,24 @@ func (c *UDPConn) emitFrom(port uint16, items []item) error {
 		if s := c.src[port]; s != nil {
 			c.sFd = s.fd
 		} else {
+			// Released while the packets waited (a delay impairment):
+			// they leave from the conn's own port, and a ready ICRC,
+			// computed for the other port, is hashed again.
 			for i := range items {
 				items[i].sport = 0
+				items[i].icrc = false
 			}
 		}
 	}
 	var first error
 	failed := 0
 	gso := c.gso.Load()
+	single := 0 // items before this one go one per message (a GSO run refused whole)
 	for i := 0; i < len(items); {
 		nm, ni := 0, 0
 		for i < len(items) && nm < len(c.sh) && ni < len(c.siov) {
 			k := 1
-			if gso {
+			if gso && i >= single {
 				k = c.runLen(items[i:], len(c.siov)-ni)
 			}
 			for j := range k {
@@ -569,8 +574,13 @@ func (c *UDPConn) emitFrom(port uint16, items []item) error {
 		if err != nil && first == nil {
 			first = err
 		}
-		if resume >= 0 {
-			i, gso = resume, false
+		if resume.first >= 0 {
+			i = resume.first
+			if resume.gsoOff {
+				gso = false
+			} else {
+				single = resume.first + resume.count
+			}
 		}
 	}
 	if first == nil {
@@ -629,9 +639,16 @@ func (c *UDPConn) putName(sa *unix.RawSockaddrInet6, a netip.AddrPort) uint32 {
 
 // sendMessages sends messages sh[:nm], skipping (and counting) the ones the
 // kernel refuses. If GSO fails with EIO (a device that cannot checksum
-// segments) it turns GSO off and returns the index of the first item still
-// to send; otherwise resume is -1. failed is the datagrams refused.
-func (c *UDPConn) sendMessages(nm int) (resume, failed int, err error) {
+// segments) it turns GSO off and returns the items still to send from
+// resume.first on, with resume.gsoOff. If the kernel refuses a GSO
+// super-buffer with EMSGSIZE or EINVAL (its segment size is larger than
+// the path MTU allows: ip_append_data, udp_send_skb), which refuses its
+// every packet, a short last one that fits included, it returns that
+// run (resume.first, resume.count) for the caller to send one packet per
+// message, so that each gets its own verdict as without GSO. Otherwise
+// resume.first is -1. failed is the datagrams refused.
+func (c *UDPConn) sendMessages(nm int) (resume sendResume, failed int, err error) {
+	resume.first = -1
 	for sent := 0; sent < nm; {
 		c.sOff, c.sCnt = sent, nm-sent
 		if c.sFd >= 0 {
@@ -639,7 +656,7 @@ func (c *UDPConn) sendMessages(nm int) (resume, failed int, err error) {
 			for !c.sendmmsg(uintptr(c.sFd)) {
 			}
 		} else if werr := c.sRC.Write(c.sendFn); werr != nil {
-			return -1, failed, werr
+			return resume, failed, werr
 		}
 		for _, r := range c.sruns[sent : sent+c.sN] {
 			c.stats.SentDatagrams.Add(uint64(r.count))
@@ -658,7 +675,10 @@ func (c *UDPConn) sendMessages(nm int) (resume, failed int, err error) {
 		if c.sErr == unix.EIO && r.count > 1 {
 			c.gso.Store(false)
 			c.logf("conn: %v: UDP GSO send failed (%v); GSO turned off", c.local, c.sErr)
-			return r.first, failed, nil
+			return sendResume{first: r.first, gsoOff: true}, failed, err // err: an earlier refusal
+		}
+		if (c.sErr == unix.EMSGSIZE || c.sErr == unix.EINVAL) && r.count > 1 {
+			return sendResume{first: r.first, count: r.count}, failed, err
 		}
 		c.stats.SendErrors.Add(uint64(r.count))
 		failed += r.count
@@ -667,7 +687,14 @@ func (c *UDPConn) sendMessages(nm int) (resume, failed int, err error) {
 		}
 		sent++
 	}
-	return -1, failed, err
+	return resume, failed, err
+}
+
+// sendResume is where emitFrom resumes after sendMessages stopped at a
+// GSO super-buffer the kernel refused (first < 0: it did not stop).
+type sendResume struct {
+	first, count int  // the refused run's items, to send again
+	gsoOff       bool // GSO is off for good (EIO): send the rest without it
 }
 
 // sendmmsg is the RawConn.Write callback; its arguments and results are

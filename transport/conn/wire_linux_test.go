@@ -392,3 +392,38 @@ func TestSendSkipsRefusedDatagrams(t *testing.T) {
 	require.Equal(t, pkts[0].Buf, got[0].roce)
 	require.Equal(t, pkts[2].Buf, got[1].roce)
 }
+
+// TestGSORunWithOversizedSegments: a GSO run whose segment size exceeds
+// the path MTU is refused by the kernel as a whole (EMSGSIZE here; EINVAL
+// where udp_send_skb finds gso_size + headers > fragsize), its short last
+// packet included, which alone would fit. The conn sends such a run's packets
+// one by one instead, so that each gets its own verdict, as without
+// GSO (TestSendSkipsRefusedDatagrams): the two 3000-byte packets are
+// refused (EMSGSIZE, the TUN device's MTU is 1500) and counted, the
+// 1000-byte one leaves, with an ICRC for the IPv4 ID it leaves with.
+func TestGSORunWithOversizedSegments(t *testing.T) {
+	n := newTunNetns(t)
+	c := n.listen(t, conn.Config{Addr: conn.DefaultAddr(tunLocal4)})
+	if gso, _ := c.Offload(); !gso {
+		t.Skip("no UDP GSO")
+	}
+	peer := conn.DefaultAddr(tunPeer4)
+	pkts := []conn.Packet{
+		{Buf: newPacket(0, 3000), Addr: peer},
+		{Buf: newPacket(1, 3000), Addr: peer},
+		{Buf: newPacket(2, 1000), Addr: peer},
+	}
+	err := c.Send(pkts)
+	require.ErrorIs(t, err, unix.EMSGSIZE)
+	var se *conn.SendError
+	require.ErrorAs(t, err, &se)
+	require.Equal(t, 2, se.Failed, "two datagrams refused, one sent")
+	require.Equal(t, uint64(2), c.Stats().SendErrors.Load())
+	require.Equal(t, uint64(1), c.Stats().SentDatagrams.Load())
+	got := n.read(t, 1)
+	require.Equal(t, pkts[2].Buf, got[0].roce)
+	h := wire.IPHeader{Src: tunLocal4, Dst: tunPeer4, ID: got[0].id, DF: got[0].df}
+	require.True(t, wire.VerifyICRCExact(&h, got[0].src.Port(), got[0].dst.Port(), got[0].roce))
+	gso, _ := c.Offload()
+	require.True(t, gso, "GSO stays on: the kernel has it")
+}
