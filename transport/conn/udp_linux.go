@@ -5,6 +5,7 @@ package conn
 import (
 	"golang.org/x/net/ipv4"
 	"golang.org/x/net/ipv6"
+	"math"
 
 	"errors"
 	"fmt"
@@ -366,6 +367,10 @@ func (c *UDPConn) setBuffer(fd, force, opt, want int, what, forceName, sysctl st
 	if want == 0 {
 		want = DefaultSocketBuffer
 	}
+	// setsockopt takes a C int: more than math.MaxInt32 would wrap (to 0
+	// for 8 GiB, the kernel's smallest buffer). The kernel grants at most
+	// about that anyway.
+	want = min(want, math.MaxInt32)
 	forced := unix.SetsockoptInt(fd, unix.SOL_SOCKET, force, want/2) == nil
 	if !forced {
 		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, opt, want/2)

@@ -315,6 +315,17 @@ func TestListenWarnsWhenBufferNotObtained(t *testing.T) {
 	t.Log(logs[0])
 }
 
+// A buffer asked for above math.MaxInt32 (the C int setsockopt takes)
+// gets what math.MaxInt32 gets, the kernel's most: 8 GiB wrapped to 0,
+// the kernel's smallest buffer.
+func TestListenBufferAboveMaxInt32(t *testing.T) {
+	quiet := func(string, ...any) {}
+	most, _ := listen(t, conn.Config{RcvBuf: math.MaxInt32, SndBuf: -1, Logf: quiet}).SocketBuffers()
+	huge, _ := listen(t, conn.Config{RcvBuf: 8 << 30, SndBuf: -1, Logf: quiet}).SocketBuffers()
+	require.Equal(t, most, huge)
+	require.Greater(t, huge, conn.DefaultSocketBuffer/4)
+}
+
 // A packet whose ICRC the caller computed for IPv4 ID 0 (Packet.ICRCReady)
 // leaves with the ICRC of the ID it is sent with, in GSO batches and
 // without, from the conn's own port and from a held source port; a ready
