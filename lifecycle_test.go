@@ -121,3 +121,20 @@ func TestDestroyCQ(t *testing.T) {
 	require.NoError(t, d.DestroyCQ(scq))
 	require.False(t, errors.Is(d.DestroyCQ(p.A.CQ), softrdma.ErrBadCQ), "the pair's CQ is in use, not bad")
 }
+
+// The errors docs/api.md names are the root package's, for errors.Is
+// without importing transport: RESET -> ERR, a misaligned atomic, an
+// atomic with a longer local SGE.
+func TestRootErrorsForModifyAndAtomics(t *testing.T) {
+	p := softrdmatest.NewPair(t, softrdmatest.Options{})
+	mr, err := p.A.Dev.RegMR(p.A.PD, make([]byte, 64), softrdma.AccessLocalWrite)
+	require.NoError(t, err)
+	_, err = p.A.QP.PostSend(softrdma.SendWR{Opcode: softrdma.WRAtomicFetchAndAdd, RemoteAddr: 0x1004, RKey: 1,
+		SGL: []softrdma.SGE{{Addr: mr.Addr(), Length: 8, LKey: mr.LKey()}}})
+	require.ErrorIs(t, err, softrdma.ErrAtomicAlign)
+	_, err = p.A.QP.PostSend(softrdma.SendWR{Opcode: softrdma.WRAtomicFetchAndAdd, RemoteAddr: 0x1000, RKey: 1,
+		SGL: []softrdma.SGE{{Addr: mr.Addr(), Length: 16, LKey: mr.LKey()}}})
+	require.ErrorIs(t, err, softrdma.ErrAtomicLength)
+	require.NoError(t, p.A.QP.Modify(&softrdma.QPAttr{State: softrdma.QPStateReset}, softrdma.QPAttrState))
+	require.ErrorIs(t, p.A.QP.Modify(&softrdma.QPAttr{State: softrdma.QPStateErr}, softrdma.QPAttrState), softrdma.ErrBadTransition)
+}

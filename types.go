@@ -147,6 +147,14 @@ var (
 	ErrBadSGE       = transport.ErrBadSGE
 	ErrBadAttr      = transport.ErrBadAttr
 	ErrCQOverrun    = transport.ErrCQOverrun
+	// ErrBadTransition: Modify to a state the current one cannot reach
+	// (IBTA 10.3.1; RESET -> ERR among them), EINVAL in rxe.
+	ErrBadTransition = transport.ErrBadTransition
+	// ErrAtomicAlign: an atomic WR's remote address is not 8-byte aligned
+	// (IBTA 9.4.5, C9-57); ErrAtomicLength: its local SGL is not one
+	// 8-byte SGE.
+	ErrAtomicAlign  = transport.ErrAtomicAlign
+	ErrAtomicLength = transport.ErrAtomicLength
 	// ErrBadQP: DestroyQP or Connect of a nil QP, DestroyQP of a QP
 	// destroyed already or of another device (EINVAL).
 	ErrBadQP = transport.ErrBadQP

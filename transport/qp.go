@@ -848,7 +848,7 @@ func (qp *QP) postSendLocked(wr *SendWR) error {
 		if wr.RemoteAddr&7 != 0 {
 			return fmt.Errorf("%w: 0x%x", ErrAtomicAlign, wr.RemoteAddr)
 		}
-		if len(wr.SGL) != 1 || wr.SGL[0].Length < 8 {
+		if len(wr.SGL) != 1 || wr.SGL[0].Length != 8 { // rxe validate_send_wr: length != 8 is EINVAL
 			return ErrAtomicLength
 		}
 	default:
