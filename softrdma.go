@@ -214,7 +214,10 @@ func (d *Device) SetImpairment(imp *conn.Impairment) error { return d.conn.SetIm
 func (d *Device) HostAlloc(size int) (*hostmem.Buffer, error) { return d.place.HostAlloc(size) }
 
 // Snapshot returns every counter by name: rxe's hw_counters, the drops
-// by reason and the impairment counts.
+// by reason (drop_socket_overflow: those the kernel dropped at the
+// device's socket, its receive buffer full), the impairment counts and
+// socket_rx_queued_bytes, what waits in the socket now (see
+// transport.Device.Snapshot).
 func (d *Device) Snapshot() []transport.Counter { return d.t.Snapshot() }
 
 // ConnStats returns the socket-level counters (datagrams, syscalls, GSO,

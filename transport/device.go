@@ -186,10 +186,19 @@ func (d *Device) Counters() *Counters { return &d.counters }
 
 // Snapshot returns every counter by name: the rxe hw_counters, the drops
 // by reason (drop_bad_icrc and drop_short come from the socket layer, which
-// checks them before the engine sees a packet) and the impairment counts.
+// checks them before the engine sees a packet), the impairment counts and,
+// on a UDP socket (conn.UDPConn.RecvQueue; 0 on a pipe, or where the
+// kernel does not tell), the kernel's view of the receive socket:
+// drop_socket_overflow, the datagrams it dropped because the receive
+// buffer was full, and socket_rx_queued_bytes, a gauge of what waits in it
+// now (a full buffer means the receive loop is that far behind the wire).
 func (d *Device) Snapshot() []Counter {
 	out := d.counters.Snapshot()
 	cs := d.conn.Stats().Snapshot()
+	var rq conn.RecvQueue
+	if q, ok := d.conn.(interface{ RecvQueue() (conn.RecvQueue, error) }); ok {
+		rq, _ = q.RecvQueue() // zero when the kernel does not tell
+	}
 	for i := range out {
 		switch out[i].Name {
 		case "drop_bad_icrc":
@@ -199,6 +208,8 @@ func (d *Device) Snapshot() []Counter {
 	return append(out,
 		Counter{"drop_short", cs.Short},
 		Counter{"drop_recv_queue_full", cs.RecvQueueFull},
+		Counter{"drop_socket_overflow", rq.Drops},
+		Counter{"socket_rx_queued_bytes", rq.Queued},
 		Counter{"impair_tx_dropped", cs.TxImpair.Dropped},
 		Counter{"impair_rx_dropped", cs.RxImpair.Dropped},
 		Counter{"impair_reordered", cs.TxImpair.Reordered + cs.RxImpair.Reordered},

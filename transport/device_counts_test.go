@@ -112,3 +112,47 @@ func TestSendErrorLogIsRateLimited(t *testing.T) {
 	require.Equal(t, uint64(2500), c.SendErr.Load())
 	require.Equal(t, uint64(2500), c.SentPkts.Load())
 }
+
+// queueConn is a pipe that reports a receive socket's drops and queue, as
+// a UDPConn does (conn.UDPConn.RecvQueue).
+type queueConn struct {
+	*conn.PipeConn
+	q conn.RecvQueue
+}
+
+func (c queueConn) RecvQueue() (conn.RecvQueue, error) { return c.q, nil }
+
+// TestSnapshotShowsSocketOverflow: the datagrams the kernel dropped at the
+// device's socket (its receive buffer full) and the bytes waiting in it
+// are in the snapshot, so that a test's counter dump shows a receive loop
+// that fell behind: the engine never sees those datagrams, and no other
+// counter tells that they were sent to it. A conn that cannot tell (a
+// pipe) shows zeros.
+func TestSnapshotShowsSocketOverflow(t *testing.T) {
+	value := func(d *Device, name string) (uint64, bool) {
+		for _, c := range d.Snapshot() {
+			if c.Name == name {
+				return c.Value, true
+			}
+		}
+		return 0, false
+	}
+	a, b := conn.NewPipe()
+	d, err := NewDevice(Config{Conn: queueConn{b, conn.RecvQueue{Drops: 21000, Queued: 64 << 20}}, Placement: placement.New(placement.Config{})})
+	require.NoError(t, err)
+	t.Cleanup(func() { d.Close(); a.Close() })
+	v, ok := value(d, "drop_socket_overflow")
+	require.True(t, ok)
+	require.Equal(t, uint64(21000), v)
+	v, ok = value(d, "socket_rx_queued_bytes")
+	require.True(t, ok)
+	require.Equal(t, uint64(64<<20), v)
+
+	a2, b2 := conn.NewPipe()
+	d2, err := NewDevice(Config{Conn: b2, Placement: placement.New(placement.Config{})})
+	require.NoError(t, err)
+	t.Cleanup(func() { d2.Close(); a2.Close() })
+	v, ok = value(d2, "drop_socket_overflow")
+	require.True(t, ok)
+	require.Zero(t, v)
+}

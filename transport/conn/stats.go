@@ -83,6 +83,13 @@ func (s *ImpairStats) Snapshot() ImpairSnapshot {
 	}
 }
 
+// RecvQueue is the kernel's view of a conn's receive socket (see
+// UDPConn.RecvQueue).
+type RecvQueue struct {
+	Drops  uint64 // datagrams the kernel dropped at the socket (full receive buffer), since it was opened
+	Queued uint64 // bytes waiting in the receive queue, with the kernel's per-datagram overhead
+}
+
 // UDPSNMP holds the kernel's UDP counters (the "Udp:" lines of
 // /proc/net/snmp, or "Udp6..." of /proc/net/snmp6). They are per network
 // namespace, for all sockets: compare two readings around a test.

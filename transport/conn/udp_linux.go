@@ -428,6 +428,48 @@ func (c *UDPConn) Offload() (gso, gro bool) { return c.gso.Load(), c.gro }
 // kernel reports them.
 func (c *UDPConn) SocketBuffers() (rcv, snd int) { return c.rcvBuf, c.sndBuf }
 
+// The indices of the u32 array getsockopt(SO_MEMINFO) fills
+// (include/uapi/linux/sock_diag.h, enum SK_MEMINFO_*; DROPS since Linux
+// 4.7).
+const (
+	skMeminfoRmemAlloc = 0
+	skMeminfoDrops     = 8
+	skMeminfoVars      = 9
+)
+
+// RecvQueue reports the kernel's view of the receive socket, read with
+// getsockopt(SO_MEMINFO) (the numbers ss -m shows): Drops is the number
+// of datagrams the kernel dropped at this socket since it was opened
+// (sk_drops: a full receive buffer, the case that matters on loopback, or
+// memory pressure), Queued the bytes of received datagrams waiting in its
+// receive queue (sk_rmem_alloc, in the kernel's accounting, which counts
+// each datagram's buffer overhead too). A full queue means the conn's
+// reader is as far behind the wire as the socket buffer holds: with the
+// 64 MiB default, seconds when the reader is slow. Errors: the
+// getsockopt's (ENOPROTOOPT before Linux 4.7; os.ErrClosed after Close).
+func (c *UDPConn) RecvQueue() (RecvQueue, error) {
+	var info [skMeminfoVars]uint32
+	var serr error
+	err := c.rc.Control(func(fd uintptr) {
+		n := uint32(unsafe.Sizeof(info))
+		_, _, e := unix.Syscall6(unix.SYS_GETSOCKOPT, fd, unix.SOL_SOCKET, unix.SO_MEMINFO,
+			uintptr(unsafe.Pointer(&info[0])), uintptr(unsafe.Pointer(&n)), 0)
+		switch {
+		case e != 0:
+			serr = os.NewSyscallError("getsockopt SO_MEMINFO", e)
+		case n <= skMeminfoDrops*4:
+			serr = os.NewSyscallError("getsockopt SO_MEMINFO", unix.ENOPROTOOPT) // no DROPS: before 4.7
+		}
+	})
+	if err == nil {
+		err = serr
+	}
+	if err != nil {
+		return RecvQueue{}, err
+	}
+	return RecvQueue{Drops: uint64(info[skMeminfoDrops]), Queued: uint64(info[skMeminfoRmemAlloc])}, nil
+}
+
 func (c *UDPConn) checkDst(a netip.AddrPort) (netip.AddrPort, bool) {
 	ip := a.Addr()
 	if c.is4 {

@@ -17,3 +17,4 @@ func (c *UDPConn) Close() error                  { return nil }
 func (c *UDPConn) Wake()                         {}
 func (c *UDPConn) Offload() (gso, gro bool)      { return false, false }
 func (c *UDPConn) SocketBuffers() (rcv, snd int) { return 0, 0 }
+func (c *UDPConn) RecvQueue() (RecvQueue, error) { return RecvQueue{}, errors.ErrUnsupported }

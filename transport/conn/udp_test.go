@@ -2,12 +2,14 @@ package conn_test
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
 	"net"
 	"net/netip"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -398,4 +400,47 @@ func (e *exactICRCTap) Packet(dir conn.Direction, src, dst netip.AddrPort, id ui
 	if id != 0 {
 		e.nonZeroID++
 	}
+}
+
+// TestRecvQueueCountsOverflow fills a small receive buffer that nobody
+// reads: the kernel drops what does not fit, and RecvQueue tells how many
+// (sk_drops) and how many bytes wait, so that every datagram sent is
+// either read or counted as dropped. This is the loss no other counter
+// of the conn sees: it happens in the kernel before the conn reads.
+func TestRecvQueueCountsOverflow(t *testing.T) {
+	rx := listen(t, conn.Config{RcvBuf: 64 << 10, DisableGRO: true, Logf: func(string, ...any) {}})
+	tx := listen(t, conn.Config{DisableGSO: true})
+	q, err := rx.RecvQueue()
+	if errors.Is(err, syscall.ENOPROTOOPT) {
+		t.Skip("no SK_MEMINFO_DROPS before Linux 4.7")
+	}
+	require.NoError(t, err)
+	require.Equal(t, conn.RecvQueue{}, q, "a new socket has dropped and queued nothing")
+
+	// 256 datagrams of 4 KiB: far more than 64 KiB of buffer holds. On
+	// loopback the kernel delivers (or drops) each one in the sender's
+	// sendmmsg, so they are all accounted for when Send returns.
+	const n = 256
+	pkts := make([]conn.Packet, 0, 64)
+	for i := 0; i < n; i += 64 {
+		pkts = pkts[:0]
+		for j := range 64 {
+			pkts = append(pkts, conn.Packet{Buf: newPacket(uint32(i+j), 4096+wire.BTHSize+wire.ICRCSize), Addr: rx.LocalAddr()})
+		}
+		require.NoError(t, tx.Send(pkts))
+	}
+	full, err := rx.RecvQueue()
+	require.NoError(t, err)
+	require.NotZero(t, full.Drops, "a 64 KiB buffer cannot hold 1 MiB")
+	require.Less(t, full.Drops, uint64(n), "the first datagrams fit")
+	require.NotZero(t, full.Queued)
+
+	got := receiveN(t, rx, n-int(full.Drops), 10*time.Second)
+	require.Len(t, got, n-int(full.Drops), "every datagram sent is read or counted as dropped")
+	for i, p := range got {
+		require.Equal(t, uint32(i), seqOf(p.buf), "the ones kept are the first, in order")
+	}
+	after, err := rx.RecvQueue()
+	require.NoError(t, err)
+	require.Equal(t, conn.RecvQueue{Drops: full.Drops}, after, "the queue is empty, the drops stay counted")
 }
