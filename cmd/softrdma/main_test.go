@@ -162,9 +162,9 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"demo", "--timeout=-1s"}, "--timeout -1s: must be positive (bad command line)"},
 		{[]string{"write-bw", "-m", "100"}, "--mtu 100 (-m)"}, // a server's own flags are checked too
 		{[]string{"write-bw", "-m", "0", "127.0.0.1"}, "must be 256, 512, 1024, 2048 or 4096"},
-		{[]string{"write-bw", "-n", "4"}, "--iters 4 (-n): must be 5"},
+		{[]string{"write-bw", "-n", "4"}, `--iters: "4": must be 5 to 100000000`},
 		{[]string{"write-bw", "-s", "0", "h"}, "at least 1 byte"},
-		{[]string{"write-bw", "-n", "0", "h"}, "at least 1"},
+		{[]string{"write-bw", "-n", "0", "h"}, `--iters: "0": must be 5 to 100000000`},
 		{[]string{"write-bw", "-t", "0", "h"}, "at least 1"},
 		{[]string{"send-bw", "-r", "0", "h"}, "at least 1"},
 		{[]string{"write-bw", "-Q", "0", "h"}, "at least 1"},
