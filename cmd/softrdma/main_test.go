@@ -135,7 +135,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"write-bw", "-D", "soon"}, "not a number of seconds"},
 		{[]string{"atomic-bw", "-A", "SWAP"}, "must be one of"},
 		{[]string{"write-bw", "-A", "CMP_AND_SWAP", "h"}, "--atomic_type is for atomic-bw"},
-		{[]string{"write-bw", "-n", "2", "h"}, "--iters 2 (-n)"},
+		{[]string{"write-bw", "-n", "2", "h"}, `--iters: "2": must be 5 to 100000000`},
 		{[]string{"write-lat", "-q", "2", "h"}, "one QP"},
 		{[]string{"write-bw", "-m", "1500", "h"}, "--mtu 1500 (-m)"},
 		{[]string{"write-bw", "a", "b"}, "unexpected argument"},

@@ -85,13 +85,13 @@ func TestBindPortTakenFailsAtStartup(t *testing.T) {
 	assert.Equal(t, exitFail, code, e.String())
 	assert.NoError(t, ctx.Err(), "the server waited instead of failing at startup")
 	assert.NotContains(t, o.String(), "Waiting")
-	assert.Contains(t, e.String(), "softrdma: write-bw: --bind "+bind+": open "+bind+": ")
+	assert.Contains(t, e.String(), "softrdma: write-bw: --bind "+bind+": the device cannot bind there: open "+bind+": ")
 	assert.Contains(t, e.String(), "address already in use")
 	assert.Equal(t, 1, strings.Count(e.String(), "softrdma:"), e.String())
 
 	code, _, stderr := runCLI(t, "write-bw", "--bind", bind, "-p", port, "127.0.0.1")
 	assert.Equal(t, exitFail, code, stderr)
-	assert.Contains(t, stderr, "softrdma: write-bw: --bind "+bind+": open ")
+	assert.Contains(t, stderr, "softrdma: write-bw: --bind "+bind+": the device cannot bind there: open ")
 	assert.NotContains(t, stderr, "connection refused")
 }
 

@@ -227,7 +227,8 @@ func (s *session) openDevice() error {
 // and port (the port 0 included): its address does not depend on the
 // peer, so a UDP port already taken fails the run at once, before a
 // server says it waits for a client or a client connects, instead of
-// when the peer arrives. Without a port the device waits for the TCP
+// when the peer arrives (checkBindable, which only probes the address,
+// covers a --bind without a port). Without a port the device waits for the TCP
 // connection (its IP, perftest's 4791 fallback rules).
 func (s *session) openBoundDevice() error {
 	if s.o.Device != nil {
@@ -239,7 +240,7 @@ func (s *session) openBoundDevice() error {
 	if err := s.openDevice(); err != nil {
 		// (Without softrdma.Open's "softrdma: ": the CLI's own prefix
 		// says it.)
-		return fmt.Errorf("--bind %s: %s", s.o.Bind, strings.TrimPrefix(err.Error(), "softrdma: "))
+		return fmt.Errorf("--bind %s: the device cannot bind there: %s", s.o.Bind, strings.TrimPrefix(err.Error(), "softrdma: "))
 	}
 	return nil
 }
