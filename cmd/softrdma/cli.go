@@ -37,7 +37,7 @@ type toolCmd struct {
 	Server string `arg:"" optional:"" help:"The server's host name or IP. Without it, run as the server and wait for one client."`
 
 	Size        msgSize  `short:"s" help:"Message size in bytes (K, M suffixes: KiB, MiB). Default: 65536 (BW), 2 (lat), 8 (atomic)."`
-	Iters       count    `short:"n" help:"Iterations per QP. Default: 5000 (BW), 1000 (lat)."`
+	Iters       iters    `short:"n" help:"Iterations per QP: 5 to 100000000. Default: 5000 (BW), 1000 (lat)."`
 	Duration    seconds  `short:"D" help:"Run for this many seconds (or a Go duration like 500ms) instead of -n: 100ms to 24h (shorter may complete nothing)."`
 	All         bool     `short:"a" help:"Run sizes 2 to 2^23 bytes."`
 	MTU         mtuFlag  `short:"m" name:"mtu" placeholder:"MTU" help:"Path MTU: 256, 512, 1024, 2048 or 4096, at most the port's active MTU (larger: the active MTU, with a notice). Default: the port's active MTU, the link's MTU less the RoCEv2 headers (1500: 1024; 9000: 4096). The two sides use the smaller of theirs."`
@@ -186,6 +186,8 @@ func (c *toolCmd) options(test perf.Test) (*perf.Options, error) {
 		}
 	}
 	switch {
+	case c.Perftest && (c.File != "" || c.Out != ""):
+		return nil, fmt.Errorf("--file and --out need a softrdma peer: --perftest's exchange cannot carry them")
 	case c.RoCEPort != 0 && !c.RDMACM:
 		return nil, fmt.Errorf("--roce-port is the server's device's port for the RDMA CM: it needs -R")
 	case c.RoCEPort != 0 && c.Server == "":
@@ -206,6 +208,12 @@ func (c *toolCmd) options(test perf.Test) (*perf.Options, error) {
 		// (a server's -m 100 is still a mistake worth saying).
 		q := p
 		q.Defaults(test)
+		if c.File != "" {
+			// The file's size is known only once it is opened; any
+			// size ≥ 0 makes Validate apply --file's rules (-q 1, no
+			// -a) now, before the server waits or the client connects.
+			q.FileSize = 0
+		}
 		if err := q.Validate(test); err != nil {
 			return nil, err
 		}
@@ -308,6 +316,23 @@ func (c *count) UnmarshalText(text []byte) error {
 	*c = count(n)
 	return nil
 }
+
+// iters is -n: perftest's MinIters to MaxIters. Unset (0) stands for the
+// tool's default; any value given outside the range, 0 included, is
+// refused with the range, so that -n 0 and -n 4 read alike.
+type iters int64
+
+func (n *iters) UnmarshalText(text []byte) error {
+	v, err := strconv.ParseInt(strings.TrimSpace(string(text)), 0, 64)
+	if err != nil || v < perf.MinIters || v > perf.MaxIters {
+		return fmt.Errorf("%q: must be %d to %d", text, perf.MinIters, perf.MaxIters)
+	}
+	*n = iters(v)
+	return nil
+}
+
+// Decode implements kong.MapperValue.
+func (n *iters) Decode(ctx *kong.DecodeContext) error { return decodeText(ctx, "count", n) }
 
 // mtuFlag is -m of the perftest tools: unset (0) stands for the port's
 // active MTU; a value given, 0 included, must be one of IBTA's five (the

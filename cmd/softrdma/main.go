@@ -63,7 +63,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exited
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "softrdma: %v (see softrdma --help)\n", err)
+		fmt.Fprintf(stderr, "softrdma: %v (see %s --help)\n", err, helpFor(err))
 		return exitUsage
 	}
 	logf := func(format string, args ...any) { fmt.Fprintf(stderr, format+"\n", args...) }
@@ -113,13 +113,26 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	o.Stdout, o.Logf = stdout, logf
 	if _, err := perf.Run(ctx, o); err != nil {
-		fmt.Fprintf(stderr, "softrdma: %s: %v\n", test, interrupted(err))
+		fmt.Fprintf(stderr, "softrdma: %s: %v\n", test, interrupted(errors.New(errText(err))))
 		if errors.Is(err, perf.ErrUsage) {
 			return exitUsage
 		}
 		return exitFail
 	}
 	return exitOK
+}
+
+// helpFor names the help that lists the flags of a parse error's
+// command: "softrdma write-bw" when a subcommand was selected (the
+// top-level help lists only the commands), else "softrdma".
+func helpFor(err error) string {
+	var pe *kong.ParseError
+	if errors.As(err, &pe) && pe.Context != nil {
+		if cmd := pe.Context.Selected(); cmd != nil {
+			return cmd.FullPath() // "softrdma write-bw"
+		}
+	}
+	return "softrdma"
 }
 
 // newParser returns the command-line parser filling c; exit is called

@@ -18,11 +18,11 @@ func TestNegativeFlagValues(t *testing.T) {
 		want string
 	}{
 		{[]string{"write-bw", "--connect-timeout", "-1s", "h"}, "softrdma: --connect-timeout -1s: must not be negative\n"},
-		{[]string{"write-bw", "-s", "-1", "h"}, `softrdma: --size: "-1": the size must be at least 1 byte (see softrdma --help)` + "\n"},
-		{[]string{"write-bw", "-n", "-5", "h"}, `softrdma: --iters: "-5": must be a whole number, at least 1 (see softrdma --help)` + "\n"},
+		{[]string{"write-bw", "-s", "-1", "h"}, `softrdma: --size: "-1": the size must be at least 1 byte (see softrdma write-bw --help)` + "\n"},
+		{[]string{"write-bw", "-n", "-5", "h"}, `softrdma: --iters: "-5": must be 5 to 100000000 (see softrdma write-bw --help)` + "\n"},
 		{[]string{"write-bw", "-p", "-1", "h"}, "softrdma: -p -1: the port must be 1 to 65535\n"},
-		{[]string{"write-bw", "-D", "-1", "h"}, `softrdma: --duration: "-1": must not be negative: 100ms to 24h0m0s (see softrdma --help)` + "\n"},
-		{[]string{"write-bw", "--odp-budget", "-1", "h"}, `softrdma: --odp-budget: "-1": a size must not be negative (see softrdma --help)` + "\n"},
+		{[]string{"write-bw", "-D", "-1", "h"}, `softrdma: --duration: "-1": must not be negative: 100ms to 24h0m0s (see softrdma write-bw --help)` + "\n"},
+		{[]string{"write-bw", "--odp-budget", "-1", "h"}, `softrdma: --odp-budget: "-1": a size must not be negative (see softrdma write-bw --help)` + "\n"},
 		{[]string{"rping", "-c", "-a", "127.0.0.1", "-C", "-1"}, "softrdma: rping: Invalid count -1\n"},
 		{[]string{"demo", "--timeout", "-1s"}, "softrdma: demo: --timeout -1s: must be positive (bad command line)\n"},
 		{[]string{"rc-pingpong", "-n", "-1"}, "softrdma: rc-pingpong: -n -1: need at least one exchange\n"},

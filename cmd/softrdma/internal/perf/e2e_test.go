@@ -324,15 +324,21 @@ func TestFileTransfers(t *testing.T) {
 	}
 }
 
+// TestEmptyFile: an empty --file is refused as the demo refuses it
+// (ErrUsage, before connecting: port 1 has no server), on the client of
+// write-bw and send-bw and the server of read-bw: it would post nothing
+// and report 0 iterations.
 func TestEmptyFile(t *testing.T) {
-	in, sum := writeTestFile(t, 0)
-	out := filepath.Join(t.TempDir(), "out.bin")
-	r := runPair(t, WriteBW, Options{Out: out}, Options{File: in})
-	requireOK(t, r)
-	assert.Equal(t, sum, r.srv.Report.File.SHA256)
-	st, err := os.Stat(out)
-	require.NoError(t, err)
-	assert.Zero(t, st.Size())
+	in, _ := writeTestFile(t, 0)
+	for _, o := range []Options{
+		{Test: WriteBW, Server: "127.0.0.1", Port: 1, File: in},
+		{Test: SendBW, Server: "127.0.0.1", Port: 1, File: in},
+		{Test: ReadBW, Port: 1, File: in},
+	} {
+		_, err := Run(context.Background(), &o)
+		require.ErrorIs(t, err, ErrUsage, o.Test)
+		assert.EqualError(t, err, "--file "+in+": empty, "+o.Test.String()+" needs bytes to move")
+	}
 }
 
 func TestMismatchFailsBothSides(t *testing.T) {

@@ -165,6 +165,9 @@ func (s *session) ptRun(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if s.cm == nil { // (with -R the CM reaches the peer's port: --roce-port)
+		s.ptWarnPort()
+	}
 	mtu, err := pt.MTU(int(mtuCode(mine)))
 	if err != nil {
 		return s.setupErr(ctx, "MTU", err)
@@ -393,7 +396,27 @@ func (s *session) ptPeerAddr(gid [16]byte) (netip.AddrPort, error) {
 		return netip.AddrPort{}, fmt.Errorf("the peer's GID %v and this device's address %v are of different IP families "+
 			"(see -x on the peer, --bind here)", ip, local)
 	}
-	return netip.AddrPortFrom(ip, wire.RoCEv2Port), nil
+	addr := netip.AddrPortFrom(ip, wire.RoCEv2Port)
+	if addr == s.dev.LocalAddr() {
+		// perftest's exchange carries a GID but no port: the peer is
+		// taken to be on 4791, and here that is this very device (a
+		// softrdma peer on another port, both on one host). Its WRITEs
+		// would go to itself and time out as a dead peer.
+		return netip.AddrPort{}, fmt.Errorf("the peer's device is taken to be at %v (perftest's exchange carries no port, "+
+			"so UDP %d), which is this side's own device: start the peer's device on %d and this one elsewhere (--bind IP:PORT)",
+			addr, wire.RoCEv2Port, wire.RoCEv2Port)
+	}
+	return addr, nil
+}
+
+// ptWarnPort warns, once a run speaks perftest's exchange over TCP, that
+// this side's device is not on UDP 4791: the exchange carries no port,
+// so a stock perftest peer sends to 4791 and reaches nothing.
+func (s *session) ptWarnPort() {
+	if p := s.dev.LocalAddr().Port(); p != wire.RoCEv2Port {
+		s.logf("softrdma: warning: this device is on UDP %d, not %d: perftest's exchange carries no port, "+
+			"so a perftest peer sends to %d", p, wire.RoCEv2Port, wire.RoCEv2Port)
+	}
 }
 
 // ptConnectQPs moves every QP to RTS towards the peer's (ctx_connect):

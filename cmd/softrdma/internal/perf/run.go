@@ -104,6 +104,9 @@ func Run(ctx context.Context, o *Options) (*Result, error) {
 		err = s.checkMaxMem()
 	}
 	if err == nil {
+		err = s.openBoundDevice()
+	}
+	if err == nil {
 		switch {
 		case o.RDMACM && s.server:
 			err = s.runServerCM(ctx)
@@ -316,6 +319,12 @@ func (s *session) openFiles() error {
 		f.Close()
 		return usage(fmt.Errorf("--file %s: not a regular file", o.File))
 	}
+	if st.Size() == 0 {
+		// As the demo: an empty file would post nothing and report 0
+		// iterations as if it had measured something.
+		f.Close()
+		return usage(fmt.Errorf("--file %s: empty, %s needs bytes to move", o.File, s.test))
+	}
 	s.file, s.fileSize = f, st.Size()
 	return nil
 }
@@ -474,6 +483,7 @@ func (s *session) clientHello(ctx context.Context) error {
 		s.fileSize = r.FileSize
 	}
 	s.noteFileIgnores()
+	s.noteDurationIgnoresIters()
 	return s.openOut()
 }
 
@@ -492,9 +502,28 @@ func (s *session) noteFileIgnores() {
 		flags = append(flags, fmt.Sprintf("-n %d", s.o.Params.Iters))
 	}
 	if len(flags) > 0 {
-		s.logf("softrdma: %s ignored: a --file run moves the whole file, %d messages of -s %d bytes",
-			strings.Join(flags, " and "), chunks(s.fileSize, s.p.Size), s.p.Size)
+		s.logf("softrdma: %s ignored: a --file run moves the whole file, %s of -s %d bytes",
+			strings.Join(flags, " and "), plural(chunks(s.fileSize, s.p.Size), "message"), s.p.Size)
 	}
+}
+
+// noteDurationIgnoresIters tells a client given both -D and -n that -n
+// does not apply: perftest's -D sets iters to 0 (force_dependecies in
+// perftest_parameters.c) and runs for the time alone, silently; softrdma
+// says so, as for --file (noteFileIgnores, which covers a --file run).
+func (s *session) noteDurationIgnoresIters() {
+	if s.fileSize >= 0 || s.o.Params.Duration == 0 || s.o.Params.Iters == 0 {
+		return
+	}
+	s.logf("softrdma: -n %d ignored: -D %v runs for the time, however many iterations fit", s.o.Params.Iters, s.o.Params.Duration)
+}
+
+// plural is "1 message", "5 messages": n and noun, with an s unless n is 1.
+func plural(n int64, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }
 
 // openOut creates --out when this side receives a file.
@@ -612,6 +641,9 @@ func dial(ctx context.Context, addr string, timeout time.Duration) (net.Conn, er
 		}
 		retry := errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EHOSTUNREACH)
 		if !retry || time.Now().Add(retryEvery).After(deadline) {
+			if errors.Is(err, syscall.ECONNREFUSED) {
+				return nil, refusedHint(err, addr, timeout)
+			}
 			return nil, err
 		}
 		select {
@@ -620,6 +652,17 @@ func dial(ctx context.Context, addr string, timeout time.Duration) (net.Conn, er
 			return nil, ctx.Err()
 		}
 	}
+}
+
+// refusedHint adds to a refused connection to addr what a new user most
+// likely missed: no server listens on that port (yet). Without
+// --connect-timeout (0) it names the flag that retries.
+func refusedHint(err error, addr string, timeout time.Duration) error {
+	_, port, _ := net.SplitHostPort(addr)
+	if timeout > 0 {
+		return fmt.Errorf("%w (is the server running on port %s?)", err, port)
+	}
+	return fmt.Errorf("%w (is the server running on port %s? --connect-timeout retries until it is)", err, port)
 }
 
 // noAnswerError is a connection attempt that --connect-timeout ended

@@ -161,6 +161,9 @@ func (s *session) regionSize() int {
 // openDevice opens the RoCEv2 device (unless Options.Device is set), on
 // --bind or on the IP of the TCP connection.
 func (s *session) openDevice() error {
+	if s.dev != nil { // opened at startup (openBoundDevice)
+		return nil
+	}
 	if s.o.Device != nil {
 		s.dev = s.o.Device
 		return nil
@@ -217,6 +220,28 @@ func (s *session) openDevice() error {
 		return err
 	}
 	s.ownDev = true
+	return nil
+}
+
+// openBoundDevice opens the device at startup when --bind names its IP
+// and port (the port 0 included): its address does not depend on the
+// peer, so a UDP port already taken fails the run at once, before a
+// server says it waits for a client or a client connects, instead of
+// when the peer arrives (checkBindable, which only probes the address,
+// covers a --bind without a port). Without a port the device waits for the TCP
+// connection (its IP, perftest's 4791 fallback rules).
+func (s *session) openBoundDevice() error {
+	if s.o.Device != nil {
+		return nil
+	}
+	if _, hasPort, err := ParseBind(s.o.Bind); err != nil || !hasPort {
+		return err
+	}
+	if err := s.openDevice(); err != nil {
+		// (Without softrdma.Open's "softrdma: ": the CLI's own prefix
+		// says it.)
+		return fmt.Errorf("--bind %s: the device cannot bind there: %s", s.o.Bind, strings.TrimPrefix(err.Error(), "softrdma: "))
+	}
 	return nil
 }
 

@@ -151,7 +151,7 @@ func (s *session) pushRun(ctx context.Context, size int64, src source, count int
 		}
 	}
 	r := report.BW{Bytes: size, Iterations: k, Elapsed: last.Sub(start)}
-	r.PeakBps = peak.Peak(r.AvgBps())
+	r.PeakBps = streamPeak(count < 0, peak, r.AvgBps())
 	return r, nil
 }
 
@@ -252,7 +252,7 @@ func (s *session) pull(ctx context.Context, size int64, snk sink, lenOf func(k i
 		}
 	}
 	r := report.BW{Bytes: size, Iterations: consumed, Elapsed: rc.elapsed()}
-	r.PeakBps = peak.Peak(r.AvgBps())
+	r.PeakBps = streamPeak(count < 0, peak, r.AvgBps())
 	return r, nil
 }
 
@@ -403,4 +403,16 @@ func (s *session) readFetch(ctx context.Context, size int64, snk sink, fileSize 
 	r := report.BW{Bytes: size, Iterations: consumed, Elapsed: last.Sub(start)}
 	r.PeakBps = peak.Peak(r.AvgBps())
 	return r, nil
+}
+
+// streamPeak is the BW peak a stream side reports: none (0.00) in a -D
+// run (duration: the source sends until -D ends, count < 0), as
+// durationPeak for the other BW runs and as perftest, whose -D sets
+// noPeak (force_dependecies in perftest_parameters.c). A --file run moves
+// a counted file even when -D was given, and reports its peak.
+func streamPeak(duration bool, peak *report.PeakTracker, avg float64) float64 {
+	if duration {
+		return 0
+	}
+	return peak.Peak(avg)
 }
