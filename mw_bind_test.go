@@ -95,34 +95,14 @@ func TestBindWaitsForReregMR(t *testing.T) {
 	// A placement in flight through the MR (an unbound cursor holds it
 	// from Begin to End), as a WRITE being placed would.
 	e, pd, old := p.B.Dev.Engine(), p.B.PD.Num(), mr.RKey()
-	var cur placement.Cursor
-	require.Equal(t, placement.OK, e.Begin(&cur, pd, old, mr.Addr(), 8, stag.AccessRemoteWrite))
-	ended := false
-	defer func() {
-		if !ended {
-			e.End(&cur)
-		}
-	}()
-	rereg := make(chan error, 1)
-	go func() {
-		rereg <- p.B.Dev.ReregMR(mr, softrdma.ReregChangeAccess, nil, nil, rw|softrdma.AccessMWBind)
-	}()
-	until(t, "ReregMR to invalidate the old key", func() bool {
-		var c placement.Cursor
-		st := e.Begin(&c, pd, old, mr.Addr(), 8, stag.AccessRemoteWrite)
-		if st == placement.OK {
-			e.End(&c)
-		}
-		return st != placement.OK
-	})
+	endPlacement, rereg := reregUnderPlacement(t, p, e, pd, old, mr)
 	k, err := p.B.QP.BindMW(w, 1, softrdma.SendSignaled, softrdma.MWBindInfo{MR: mr, Addr: mr.Addr(), Length: 4096, Access: softrdma.AccessRemoteWrite})
 	require.NoError(t, err)
 	until(t, "the bind to execute", func() bool {
 		s := p.B.QP.RequesterState()
 		return s.NextWQE == s.Posted || s.State == softrdma.QPStateErr
 	})
-	e.End(&cur)
-	ended = true
+	endPlacement()
 	require.NoError(t, <-rereg)
 
 	wc := waitWC(t, p.B.CQ, 1)[0]
@@ -163,26 +143,7 @@ func TestDeferredType2BindOfDestroyedQP(t *testing.T) {
 	t.Cleanup(func() { _ = p.B.Dev.DeallocMW(w) })
 
 	e, pd, old := p.B.Dev.Engine(), p.B.PD.Num(), mr.RKey()
-	var cur placement.Cursor
-	require.Equal(t, placement.OK, e.Begin(&cur, pd, old, mr.Addr(), 8, stag.AccessRemoteWrite))
-	ended := false
-	defer func() {
-		if !ended {
-			e.End(&cur)
-		}
-	}()
-	rereg := make(chan error, 1)
-	go func() {
-		rereg <- p.B.Dev.ReregMR(mr, softrdma.ReregChangeAccess, nil, nil, rw|softrdma.AccessMWBind)
-	}()
-	until(t, "ReregMR to invalidate the old key", func() bool {
-		var c placement.Cursor
-		st := e.Begin(&c, pd, old, mr.Addr(), 8, stag.AccessRemoteWrite)
-		if st == placement.OK {
-			e.End(&c)
-		}
-		return st != placement.OK
-	})
+	endPlacement, rereg := reregUnderPlacement(t, p, e, pd, old, mr)
 	post(t, p.B.QP, softrdma.SendWR{WRID: 1, Opcode: softrdma.WRBindMW, Flags: softrdma.SendSignaled,
 		BindMW: softrdma.MWBind{MW: w, RKey: softrdma.IncRKey(w.RKey()), Info: softrdma.MWBindInfo{MR: mr, Addr: mr.Addr(), Length: 4096, Access: softrdma.AccessRemoteWrite}}})
 	until(t, "the bind to execute", func() bool {
@@ -190,8 +151,7 @@ func TestDeferredType2BindOfDestroyedQP(t *testing.T) {
 		return s.NextWQE == s.Posted || s.State == softrdma.QPStateErr
 	})
 	require.NoError(t, p.B.Dev.DestroyQP(p.B.QP))
-	e.End(&cur)
-	ended = true
+	endPlacement()
 	require.NoError(t, <-rereg)
 	// The deferred bind has run once the send worker is free again: a
 	// new QP's first work request completes after it.
@@ -214,4 +174,36 @@ func TestDeferredType2BindOfDestroyedQP(t *testing.T) {
 	}
 	bound, _, _, _ := w.Binding()
 	require.True(t, bound == nil, "a window bound to a destroyed QP")
+}
+
+// reregUnderPlacement holds a placement in flight through mr's key old
+// (an unbound cursor holds it from Begin to End, as a WRITE being placed
+// would), starts a ReregMR of mr, which waits for it, and returns once the
+// rereg has invalidated old. endPlacement ends the placement (once; the
+// test's cleanup ends it too), after which rereg gives ReregMR's result.
+func reregUnderPlacement(t *testing.T, p *softrdmatest.Pair, e *placement.Engine, pd, old uint32, mr *softrdma.MR) (endPlacement func(), rereg chan error) {
+	t.Helper()
+	var cur placement.Cursor
+	require.Equal(t, placement.OK, e.Begin(&cur, pd, old, mr.Addr(), 8, stag.AccessRemoteWrite))
+	ended := false
+	endPlacement = func() {
+		if !ended {
+			ended = true
+			e.End(&cur)
+		}
+	}
+	t.Cleanup(endPlacement)
+	rereg = make(chan error, 1)
+	go func() {
+		rereg <- p.B.Dev.ReregMR(mr, softrdma.ReregChangeAccess, nil, nil, rw|softrdma.AccessMWBind)
+	}()
+	until(t, "ReregMR to invalidate the old key", func() bool {
+		var c placement.Cursor
+		st := e.Begin(&c, pd, old, mr.Addr(), 8, stag.AccessRemoteWrite)
+		if st == placement.OK {
+			e.End(&c)
+		}
+		return st != placement.OK
+	})
+	return endPlacement, rereg
 }
