@@ -196,7 +196,9 @@ func (d *Device) Snapshot() []Counter {
 	out := d.counters.Snapshot()
 	cs := d.conn.Stats().Snapshot()
 	var rq conn.RecvQueue
-	if q, ok := d.conn.(interface{ RecvQueue() (conn.RecvQueue, error) }); ok {
+	if q, ok := d.conn.(interface {
+		RecvQueue() (conn.RecvQueue, error)
+	}); ok {
 		rq, _ = q.RecvQueue() // zero when the kernel does not tell
 	}
 	for i := range out {
