@@ -180,6 +180,9 @@ type QP struct {
 	// latest suspension that held or NAKed one of its packets.
 	held      int
 	pausedGen atomic.Uint64
+	// pausedCounted is the number of the last suspension whose Resume
+	// counted this QP (guarded by the device's susp.pausedMu).
+	pausedCounted uint64
 	// delayedPSN is the newest PSN counted in the bytes delayed by
 	// suspensions (receive loop only).
 	delayedPSN wire.PSN

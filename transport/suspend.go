@@ -217,7 +217,11 @@ func (d *Device) Resume(s *Suspension) (SuspendReport, error) {
 	}}
 	d.susp.pausedMu.Lock()
 	for _, qp := range d.susp.pausedQPs {
-		if qp.pausedGen.Load() >= s.gen {
+		// A QP may be listed twice: marked late for an earlier
+		// suspension (the receive loop read its number before that
+		// Resume emptied the list), then again for this one.
+		if qp.pausedGen.Load() >= s.gen && qp.pausedCounted != s.gen {
+			qp.pausedCounted = s.gen
 			rep.QPsPaused++
 		}
 	}
