@@ -105,9 +105,12 @@ func (qp *QP) completer(p *wire.Packet, path *path) bool {
 					}
 					return false
 				}
+				ctr.RcvdSeqErr.Add(1)
+				if !qp.spendRetry() {
+					return false
+				}
 				c.readRetryPending = true
 				c.readRetryUntil = psn
-				ctr.RcvdSeqErr.Add(1)
 				return qp.retry()
 			}
 			ctr.drop(DropDuplicateResponse)
@@ -133,6 +136,7 @@ func (qp *QP) completer(p *wire.Packet, path *path) bool {
 		}
 		w.readDone += n
 		c.psn = psn.Add(1)
+		qp.resetRetry() // an in-order response is progress (rxe's check_ack)
 		if c.readRetryPending && !psn.Before(c.readRetryUntil) {
 			c.readRetryPending = false
 		}
@@ -164,6 +168,7 @@ func (qp *QP) onAETH(syn wire.Syndrome, psn wire.PSN) bool {
 		if !qp.ackUpTo(psn) {
 			return qp.impliedNAK()
 		}
+		qp.resetRetry()
 		// An ACK inside a READ's or atomic's PSNs acknowledges none of
 		// them: their responses do (rxe's check_psn ignores it).
 		if w := qp.oldest(); (w == nil || !w.psnSet || !isRdAtomic(w.wr.Opcode) || psn.Before(w.firstPSN)) &&
@@ -210,13 +215,8 @@ func (qp *QP) onAETH(syn wire.Syndrome, psn wire.PSN) bool {
 				return false
 			}
 			c.nakRetryPending, c.nakRetryPSN = true, psn
-			if c.retryCnt == 0 {
-				ctr.RetryExceededErr.Add(1)
-				qp.fail(qp.oldest(), WCRetryExcErr)
+			if !qp.spendRetry() {
 				return false
-			}
-			if c.retryCnt != 7 {
-				c.retryCnt--
 			}
 			return qp.retry()
 		}
@@ -318,9 +318,35 @@ func (qp *QP) retire(w *sendWQE, st WCStatus) {
 	if qp.req.acct < qp.comp.idx {
 		qp.req.acct = qp.comp.idx
 	}
+	qp.resetRetry()
+	qp.retireLocal() // local operations executed behind w complete now
+}
+
+// resetRetry restores retry_cnt and rnr_retry after forward progress: an
+// ACK that acknowledges something new, an in-order READ response, a
+// completion. The counters bound retries without progress, not the
+// retries of a whole message (IBTA 9.7.5.1.3; rxe's reset_retry_counters,
+// called from check_ack on every such response).
+func (qp *QP) resetRetry() {
 	qp.comp.retryCnt = qp.attr.RetryCnt
 	qp.comp.rnrRetry = qp.attr.RNRRetry
-	qp.retireLocal() // local operations executed behind w complete now
+}
+
+// spendRetry spends one of retry_cnt for a retry that a NAK sequence
+// error, an implied NAK or a gap in READ responses starts (7 is infinite).
+// With none left it completes the oldest WQE with RETRY_EXC_ERR, which
+// moves the QP to ERR (rxe's COMPST_ERROR_RETRY), and reports false.
+func (qp *QP) spendRetry() bool {
+	c := &qp.comp
+	if c.retryCnt == 0 {
+		qp.dev.counters.RetryExceededErr.Add(1) // before the WC, which a reader of the counter waits for
+		qp.fail(qp.oldest(), WCRetryExcErr)
+		return false
+	}
+	if c.retryCnt != 7 {
+		c.retryCnt--
+	}
+	return true
 }
 
 // impliedNAK handles a response that acknowledges past a READ or atomic
@@ -335,13 +361,8 @@ func (qp *QP) impliedNAK() bool {
 	if c.readRetryPending {
 		return false
 	}
-	if c.retryCnt == 0 {
-		qp.dev.counters.RetryExceededErr.Add(1) // before the WC, which a reader of the counter waits for
-		qp.fail(qp.oldest(), WCRetryExcErr)
+	if !qp.spendRetry() {
 		return false
-	}
-	if c.retryCnt != 7 {
-		c.retryCnt--
 	}
 	c.readRetryPending = true
 	c.readRetryUntil = qp.req.hiPSN
