@@ -218,6 +218,7 @@ func (d *Device) Snapshot() []Counter {
 		Counter{"impair_duplicated", cs.TxImpair.Duplicated + cs.RxImpair.Duplicated},
 		Counter{"impair_corrupted", cs.TxImpair.Corrupted + cs.RxImpair.Corrupted},
 		Counter{"impair_delayed", cs.TxImpair.Delayed + cs.RxImpair.Delayed},
+		Counter{"impair_discarded", cs.TxImpair.Discarded + cs.RxImpair.Discarded},
 	)
 }
 

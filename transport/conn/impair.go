@@ -428,8 +428,10 @@ func (im *impairer) next() (time.Time, bool) {
 	return t, ok
 }
 
-// discard drops every held and delayed packet (on Close).
+// discard drops every held and delayed packet (on Close), counting them
+// in ImpairStats.Discarded.
 func (im *impairer) discard() {
+	im.stats.Discarded.Add(uint64(len(im.held) + len(im.line.h)))
 	for _, h := range im.held {
 		im.pool.put(h.it.pb)
 	}

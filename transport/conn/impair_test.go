@@ -315,3 +315,40 @@ func TestImpairDelaySynctest(t *testing.T) {
 		<-done
 	})
 }
+
+// TestImpairDiscardAtCloseIsCounted: packets an impairment still holds
+// (delayed, or held back for reordering) when the conn closes never reach
+// the wire or the receiver; they are counted as discarded, so that the sum
+// of what was sent, dropped and discarded accounts for every packet. They
+// used to vanish uncounted.
+func TestImpairDiscardAtCloseIsCounted(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, b := conn.NewPipe()
+		defer b.Close()
+		require.NoError(t, a.SetImpairment(&conn.Impairment{Delay: 10 * time.Millisecond, Seed: 1, Dir: conn.DirTx}))
+		require.NoError(t, b.SetImpairment(&conn.Impairment{Reorder: 1, ReorderHold: time.Second, Seed: 2, Dir: conn.DirRx}))
+		sendSeq(t, a, b, 5, 64, 5)
+		synctest.Wait()
+		require.NoError(t, a.Close())
+		require.Equal(t, uint64(5), a.Stats().TxImpair.Discarded.Load(), "5 packets still delayed at Close")
+		require.Zero(t, a.Stats().SentDatagrams.Load())
+
+		// b holds what it receives for reordering; a second pipe feeds it.
+		c, d := conn.NewPipe()
+		defer c.Close()
+		require.NoError(t, d.SetImpairment(&conn.Impairment{Reorder: 1, ReorderHold: time.Second, Seed: 2, Dir: conn.DirRx}))
+		sendSeq(t, c, d, 3, 64, 3)
+		go func() {
+			pkts := make([]conn.Packet, 4)
+			for {
+				if _, err := d.Receive(pkts); err != nil {
+					return
+				}
+			}
+		}()
+		synctest.Wait()
+		require.NoError(t, d.Close())
+		synctest.Wait()
+		require.Equal(t, uint64(3), d.Stats().RxImpair.Discarded.Load(), "3 received packets still held at Close")
+	})
+}

@@ -38,6 +38,10 @@ type ImpairStats struct {
 	Duplicated atomic.Uint64
 	Corrupted  atomic.Uint64
 	Delayed    atomic.Uint64
+	// Discarded counts packets still delayed or held back for reordering
+	// when the conn closed: they never reached the wire (or, on receive,
+	// the reader), and no other counter has them as lost.
+	Discarded atomic.Uint64
 }
 
 // StatsSnapshot is a copy of Stats at one moment.
@@ -49,7 +53,7 @@ type StatsSnapshot struct {
 
 // ImpairSnapshot is a copy of ImpairStats.
 type ImpairSnapshot struct {
-	Dropped, Reordered, Duplicated, Corrupted, Delayed uint64
+	Dropped, Reordered, Duplicated, Corrupted, Delayed, Discarded uint64
 }
 
 // Snapshot returns a copy of the counters.
@@ -80,6 +84,7 @@ func (s *ImpairStats) Snapshot() ImpairSnapshot {
 		Duplicated: s.Duplicated.Load(),
 		Corrupted:  s.Corrupted.Load(),
 		Delayed:    s.Delayed.Load(),
+		Discarded:  s.Discarded.Load(),
 	}
 }
 

@@ -345,8 +345,9 @@ var legend = []struct {
 			"   the missing one is sent again"},
 	{[]string{"drop_duplicate_response"},
 		"drop_duplicate_response: ACKs or responses for PSNs already acknowledged (a retransmission's); harmless"},
-	{[]string{"impair_tx_dropped", "impair_rx_dropped", "impair_reordered", "impair_duplicated", "impair_corrupted", "impair_delayed"},
-		"impair_*: datagrams --impair dropped (on send: tx, on receive: rx), reordered, duplicated, corrupted or delayed"},
+	{[]string{"impair_tx_dropped", "impair_rx_dropped", "impair_reordered", "impair_duplicated", "impair_corrupted", "impair_delayed", "impair_discarded"},
+		"impair_*: datagrams --impair dropped (on send: tx, on receive: rx), reordered, duplicated, corrupted or delayed;\n" +
+			"   impair_discarded: those still delayed or held back for reordering when the NIC closed, never delivered"},
 	{[]string{"drop_unknown_qpn"},
 		"drop_unknown_qpn: a packet for a QP already destroyed (late at the end of a transfer: under --impair, a\n" +
 			"   retransmission or duplicate); harmless"},
