@@ -28,10 +28,12 @@ import (
 // Errors of the life-cycle operations. They wrap the errno the kernel
 // returns for the same condition, so errors.Is(err, unix.EINVAL) works.
 var (
-	// ErrMWBound is EBUSY: the MR has memory windows bound to it, so it
-	// cannot be invalidated, re-registered or deregistered (rxe refuses
-	// with EINVAL: "Attempt to invalidate an MR while bound to MWs").
-	ErrMWBound = fmt.Errorf("placement: memory windows are bound to the MR: %w", unix.EBUSY)
+	// ErrMWBound is EINVAL: the MR has memory windows bound to it, so it
+	// cannot be invalidated, re-registered or deregistered. EINVAL is
+	// what rxe returns for each (rxe_dereg_mr, IBA 10.6.7.2.6: "mr has
+	// mw's bound"; rxe_invalidate_mr: "Attempt to invalidate an MR while
+	// bound to MWs"); IBTA names no errno.
+	ErrMWBound = fmt.Errorf("placement: memory windows are bound to the MR: %w", unix.EINVAL)
 	// ErrBusy is EBUSY: another invalidation or re-registration of the
 	// object is in progress, or its placement is suspended.
 	ErrBusy = fmt.Errorf("placement: operation in progress on the key: %w", unix.EBUSY)
@@ -617,7 +619,7 @@ func (e *Engine) Invalidate(pd, qpn, key uint32, remote bool) (*Invalidation, er
 
 // beginDereg marks mr deregistered, after waiting for an invalidation or
 // re-registration of it in progress. It refuses while windows are bound to
-// it (ErrMWBound; rxe_dereg_mr refuses with EINVAL, IBTA 10.6.7: the
+// it (ErrMWBound, EINVAL as rxe_dereg_mr, IBTA 10.6.7: the
 // windows must be invalidated or deallocated first), while a remap of it
 // is in progress (ErrRemapInProgress, EBUSY: PrepareRemap until the
 // Remapping's Release or Abort, which is the caller's to call, so that
