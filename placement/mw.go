@@ -557,7 +557,8 @@ func (c *Cursor) SetQP(qpn uint32) { c.s.QP = qpn }
 // with Invalidate is a class J error: the receive completes with
 // IBV_WC_REM_INV_REQ_ERR): EINVAL for an unknown or stale key, a key of
 // another PD, a type 1 window (o10-37.2.26: only unbinding invalidates it),
-// an unbound window, a type 2 window remotely invalidated through a QP
+// an unbound window (or one whose invalidation has begun and waits for
+// its placements), a type 2 window remotely invalidated through a QP
 // other than its own, an MR not allocated with AllocMR (rxe invalidates
 // only IB_MR_TYPE_MEM_REG MRs), an MR without remote rights remotely
 // invalidated (its key is no R_Key); ErrMWBound for an MR with windows
@@ -582,7 +583,12 @@ func (e *Engine) Invalidate(pd, qpn, key uint32, remote bool) (*Invalidation, er
 			// with Invalidate on another QP acceptable.
 			return nil, bad("the type 2 window is bound to another QP")
 		case w.busy != nil:
-			return &Invalidation{other: w.busy}, nil
+			// A type 2 window is busy only while an invalidation
+			// (LOCAL_INV, SEND with Invalidate, DeallocMW, the
+			// destruction of its QP) waits for its placements: its
+			// key resolves nothing any more, and it ends unbound. It
+			// is not bound now, whatever the timing of that wait.
+			return nil, bad("the window is being invalidated (not bound)")
 		case w.mr == nil:
 			return nil, bad("the window is not bound")
 		}

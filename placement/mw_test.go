@@ -528,3 +528,33 @@ func TestMWBoundIsEINVAL(t *testing.T) {
 	require.NoError(t, e.DeregMR(mr))
 	require.NoError(t, e.DeregMR(fr))
 }
+
+// TestInvalidateWindowBeingInvalidated: a type 2 window whose invalidation
+// has begun (its key no longer resolves; the wait for the placements in
+// flight has not ended) is invalidated already: a second LOCAL_INV or SEND
+// with Invalidate of its key fails with EINVAL, as it does once the first
+// has ended (an unbound window), instead of succeeding or failing by the
+// timing of the first one's grace period.
+func TestInvalidateWindowBeingInvalidated(t *testing.T) {
+	e := placement.New(placement.Config{PinLimit: 64 << 20})
+	mr := reg(t, e, pd1, make([]byte, 4096), rw|stag.AccessMWBind)
+	w, err := e.AllocMW(pd1, placement.MWType2)
+	require.NoError(t, err)
+	for _, remote := range []bool{false, true} {
+		key := incKey(w.RKey())
+		_, err = e.BindMW(pd1, 5, w, key, placement.BindInfo{MR: mr, Addr: mr.Addr(), Length: 64, Access: stag.AccessRemoteRead})
+		require.NoError(t, err)
+		first, err := e.Invalidate(pd1, 5, key, false)
+		require.NoError(t, err)
+		require.NotNil(t, first)
+		inv, err := e.Invalidate(pd1, 5, key, remote)
+		require.ErrorIs(t, err, unix.EINVAL, "remote %v: while the first invalidation waits", remote)
+		require.Nil(t, inv)
+		require.NoError(t, first.Wait())
+		inv, err = e.Invalidate(pd1, 5, key, remote)
+		require.ErrorIs(t, err, unix.EINVAL, "remote %v: after it", remote)
+		require.Nil(t, inv)
+	}
+	require.NoError(t, e.DeallocMW(w))
+	require.NoError(t, e.DeregMR(mr))
+}
