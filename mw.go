@@ -61,7 +61,8 @@ const (
 	WCMWBindErr = transport.WCMWBindErr
 )
 
-// Errors of the life-cycle operations, for errors.Is. ErrMWBound (EBUSY):
+// Errors of the life-cycle operations, for errors.Is. ErrMWBound (EINVAL,
+// the errno rxe returns):
 // windows are bound to the MR, which therefore cannot be deregistered,
 // re-registered or invalidated. ErrBusy (EBUSY): an invalidation or
 // re-registration of the same object is in progress, or its placement is

@@ -142,3 +142,45 @@ func TestBindMWChecksAtPost(t *testing.T) {
 	require.Equal(t, softrdma.WCSuccess, wc.Status)
 	require.Equal(t, k, w.RKey())
 }
+
+// TestWindowWriteReadOnODPEndToEnd: an RDMA WRITE and an RDMA READ through
+// a memory window (type 1, and type 2 on its QP) onto pages of an ODP MR
+// that are not present, where the MR has no remote rights of its own (the
+// window grants them), complete under both fault policies. Under the rnr
+// policy the WRITE was RNR-NAKed for ever: the background fault resolved
+// the MR's own key as an R_Key, which its missing remote rights refuse, so
+// no page was ever faulted in.
+func TestWindowWriteReadOnODPEndToEnd(t *testing.T) {
+	odpPolicies(t, func(t *testing.T, o softrdmatest.Options) {
+		for _, typ := range []softrdma.MWType{softrdma.MWType1, softrdma.MWType2} {
+			p := softrdmatest.NewPair(t, o)
+			src, srcMR := reg(t, p.A, 3*pageSize, rw)
+			back, backMR := reg(t, p.A, 3*pageSize, rw)
+			remote, mr := odpAlloc(t, p.B, 4*pageSize, softrdma.AccessLocalWrite|softrdma.AccessMWBind)
+			w, err := p.B.Dev.AllocMW(p.B.PD, typ)
+			require.NoError(t, err)
+			info := softrdma.MWBindInfo{MR: mr, Addr: mr.Addr() + pageSize, Length: 3 * pageSize,
+				Access: softrdma.AccessRemoteWrite | softrdma.AccessRemoteRead}
+			var k uint32
+			if typ == softrdma.MWType1 {
+				k, err = p.B.QP.BindMW(w, 1, softrdma.SendSignaled, info)
+				require.NoError(t, err)
+			} else {
+				k = softrdma.IncRKey(w.RKey())
+				post(t, p.B.QP, softrdma.SendWR{WRID: 1, Opcode: softrdma.WRBindMW, Flags: softrdma.SendSignaled,
+					BindMW: softrdma.MWBind{MW: w, RKey: k, Info: info}})
+			}
+			require.Equal(t, softrdma.WCSuccess, waitWC(t, p.B.CQ, 1)[0].Status)
+			fill(9, src)
+			post(t, p.A.QP, writeWR(2, srcMR, src, mr.Addr()+pageSize, k))
+			require.Equal(t, softrdma.WCSuccess, waitWC(t, p.A.CQ, 1)[0].Status, "WRITE through a %v window", typ)
+			require.Equal(t, src, remote[pageSize:])
+			post(t, p.A.QP, softrdma.SendWR{WRID: 3, Opcode: softrdma.WRRDMARead, Flags: softrdma.SendSignaled,
+				SGL:        []softrdma.SGE{{Addr: backMR.Addr(), Length: uint32(len(back)), LKey: backMR.LKey()}},
+				RemoteAddr: mr.Addr() + pageSize, RKey: k})
+			require.Equal(t, softrdma.WCSuccess, waitWC(t, p.A.CQ, 1)[0].Status, "READ through a %v window", typ)
+			require.Equal(t, src, back)
+			require.NoError(t, p.B.Dev.DeallocMW(w))
+		}
+	})
+}

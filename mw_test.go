@@ -11,6 +11,7 @@ import (
 
 	"github.com/softrdma/softrdma"
 	"github.com/softrdma/softrdma/softrdmatest"
+	"github.com/softrdma/softrdma/transport"
 )
 
 // End-to-end tests of the MR life-cycle operations over a connected pair:
@@ -243,10 +244,10 @@ func TestMemoryWindowsEndToEnd(t *testing.T) {
 	require.Nil(t, m, "the type 2 window is free again")
 	err = p.B.Dev.DeregMR(mr)
 	require.ErrorIs(t, err, softrdma.ErrMWBound, "the type 1 window is still bound")
-	require.ErrorIs(t, err, unix.EBUSY)
+	require.ErrorIs(t, err, unix.EINVAL, "rxe_dereg_mr's errno")
 	// One prefix, the operation named once (not "softrdma: dereg MR:
 	// placement: dereg MR: placement: memory windows …").
-	require.EqualError(t, err, "softrdma: dereg MR: memory windows are bound to the MR: device or resource busy")
+	require.EqualError(t, err, "softrdma: dereg MR: memory windows are bound to the MR: invalid argument")
 	clear(mem[8192:])
 	post(t, p.A.QP, writeWR(7, srcMR, src[4096:], mr.Addr()+8192, k2))
 	require.Equal(t, softrdma.WCRemAccessErr, waitWC(t, p.A.CQ, 1)[0].Status)
@@ -475,4 +476,54 @@ func TestLocalOpsCompleteInOrder(t *testing.T) {
 		require.Equal(t, want, wcs[i].Opcode)
 	}
 	require.Equal(t, src, dst)
+}
+
+// TestSendWithInvalidateWrongWindow: a SEND with Invalidate naming a type 1
+// window (IBTA o10-37.2.26: only a bind invalidates one; rxe_invalidate_mw
+// refuses it) or a type 2 window bound to another QP of the PD is the
+// responder's class J error: the receive completes with REM_INV_REQ_ERR,
+// the SEND is NAKed (invalid request: WCRemInvReqErr at the sender), the
+// refusal is counted (DropAccess, an R_Key failure), and the window stays
+// bound and usable.
+func TestSendWithInvalidateWrongWindow(t *testing.T) {
+	for _, typ := range []softrdma.MWType{softrdma.MWType1, softrdma.MWType2} {
+		t.Run(typ.String(), func(t *testing.T) {
+			p := softrdmatest.NewPair(t, softrdmatest.Options{Pipe: true})
+			_, srcMR := reg(t, p.A, 4096, rw)
+			_, recvMR := reg(t, p.B, 4096, rw)
+			mem, mr := reg(t, p.B, 4096, rw|softrdma.AccessMWBind)
+			w, err := p.B.Dev.AllocMW(p.B.PD, typ)
+			require.NoError(t, err)
+			info := softrdma.MWBindInfo{MR: mr, Addr: mr.Addr(), Length: 4096, Access: softrdma.AccessRemoteWrite}
+			var key uint32
+			sender := p.A.QP
+			if typ == softrdma.MWType1 {
+				key, err = p.B.QP.BindMW(w, 1, softrdma.SendSignaled, info)
+				require.NoError(t, err)
+			} else {
+				// Bound on a second QP: the pair's QP is not its own.
+				_, b2 := secondQP(t, p)
+				key = softrdma.IncRKey(w.RKey())
+				post(t, b2, softrdma.SendWR{WRID: 1, Opcode: softrdma.WRBindMW, Flags: softrdma.SendSignaled,
+					BindMW: softrdma.MWBind{MW: w, RKey: key, Info: info}})
+			}
+			require.Equal(t, softrdma.WCSuccess, waitWC(t, p.B.CQ, 1)[0].Status)
+			drops := p.B.Dev.Counters().Drops[transport.DropAccess].Load()
+
+			_, err = p.B.QP.PostRecv(softrdma.RecvWR{WRID: 7, SGL: []softrdma.SGE{{Addr: recvMR.Addr(), Length: 4096, LKey: recvMR.LKey()}}})
+			require.NoError(t, err)
+			post(t, sender, softrdma.SendWR{WRID: 2, Opcode: softrdma.WRSendWithInv, Flags: softrdma.SendSignaled, InvRKey: key,
+				SGL: []softrdma.SGE{{Addr: srcMR.Addr(), Length: 10, LKey: srcMR.LKey()}}})
+			require.Equal(t, softrdma.WCRemInvReqErr, waitWC(t, p.A.CQ, 1)[0].Status)
+			wc := waitWC(t, p.B.CQ, 1)[0]
+			require.Equal(t, softrdma.WCRemInvReqErr, wc.Status)
+			require.Equal(t, uint64(7), wc.WRID)
+			require.Zero(t, wc.Flags&softrdma.WCWithInv)
+			require.Equal(t, drops+1, p.B.Dev.Counters().Drops[transport.DropAccess].Load(), "counted")
+			m, _, _, _ := w.Binding()
+			require.Equal(t, mr, m, "still bound")
+			require.Equal(t, key, w.RKey())
+			require.Equal(t, make([]byte, 10), mem[:10])
+		})
+	}
 }

@@ -377,7 +377,7 @@ func (d *Device) checkReg(pd *PD, access Access) error {
 // DeregMR invalidates the MR's keys, waits for placements in flight through
 // it and unpins it (ibv_dereg_mr). A Remap of the MR (or of another MR of
 // the device) in progress is waited for first. Errors: an MR of another
-// device (EINVAL); ErrMWBound (EBUSY, as ibv_dereg_mr(3) and IBTA 10.6.7:
+// device (EINVAL); ErrMWBound (EINVAL, as rxe_dereg_mr, IBTA 10.6.7.2.6:
 // memory windows are bound to it; invalidate or deallocate them first);
 // a second DeregMR. On error the MR stays registered.
 func (d *Device) DeregMR(mr *MR) error {

@@ -151,8 +151,8 @@ var (
 	// (IBTA 10.3.1; RESET -> ERR among them), EINVAL in rxe.
 	ErrBadTransition = transport.ErrBadTransition
 	// ErrAtomicAlign: an atomic WR's remote address is not 8-byte aligned
-	// (IBTA 9.4.5, C9-57); ErrAtomicLength: its local SGL is not one
-	// 8-byte SGE.
+	// (IBTA 9.4.5, C9-57); ErrAtomicLength: its local SGEs do not add up
+	// to 8 bytes (rxe validate_send_wr; several SGEs may).
 	ErrAtomicAlign  = transport.ErrAtomicAlign
 	ErrAtomicLength = transport.ErrAtomicLength
 	// ErrBadQP: DestroyQP or Connect of a nil QP, DestroyQP of a QP

@@ -28,10 +28,12 @@ import (
 // Errors of the life-cycle operations. They wrap the errno the kernel
 // returns for the same condition, so errors.Is(err, unix.EINVAL) works.
 var (
-	// ErrMWBound is EBUSY: the MR has memory windows bound to it, so it
-	// cannot be invalidated, re-registered or deregistered (rxe refuses
-	// with EINVAL: "Attempt to invalidate an MR while bound to MWs").
-	ErrMWBound = fmt.Errorf("placement: memory windows are bound to the MR: %w", unix.EBUSY)
+	// ErrMWBound is EINVAL: the MR has memory windows bound to it, so it
+	// cannot be invalidated, re-registered or deregistered. EINVAL is
+	// what rxe returns for each (rxe_dereg_mr, IBA 10.6.7.2.6: "mr has
+	// mw's bound"; rxe_invalidate_mr: "Attempt to invalidate an MR while
+	// bound to MWs"); IBTA names no errno.
+	ErrMWBound = fmt.Errorf("placement: memory windows are bound to the MR: %w", unix.EINVAL)
 	// ErrBusy is EBUSY: another invalidation or re-registration of the
 	// object is in progress, or its placement is suspended.
 	ErrBusy = fmt.Errorf("placement: operation in progress on the key: %w", unix.EBUSY)
@@ -555,7 +557,8 @@ func (c *Cursor) SetQP(qpn uint32) { c.s.QP = qpn }
 // with Invalidate is a class J error: the receive completes with
 // IBV_WC_REM_INV_REQ_ERR): EINVAL for an unknown or stale key, a key of
 // another PD, a type 1 window (o10-37.2.26: only unbinding invalidates it),
-// an unbound window, a type 2 window remotely invalidated through a QP
+// an unbound window (or one whose invalidation has begun and waits for
+// its placements), a type 2 window remotely invalidated through a QP
 // other than its own, an MR not allocated with AllocMR (rxe invalidates
 // only IB_MR_TYPE_MEM_REG MRs), an MR without remote rights remotely
 // invalidated (its key is no R_Key); ErrMWBound for an MR with windows
@@ -580,7 +583,12 @@ func (e *Engine) Invalidate(pd, qpn, key uint32, remote bool) (*Invalidation, er
 			// with Invalidate on another QP acceptable.
 			return nil, bad("the type 2 window is bound to another QP")
 		case w.busy != nil:
-			return &Invalidation{other: w.busy}, nil
+			// A type 2 window is busy only while an invalidation
+			// (LOCAL_INV, SEND with Invalidate, DeallocMW, the
+			// destruction of its QP) waits for its placements: its
+			// key resolves nothing any more, and it ends unbound. It
+			// is not bound now, whatever the timing of that wait.
+			return nil, bad("the window is being invalidated (not bound)")
 		case w.mr == nil:
 			return nil, bad("the window is not bound")
 		}
@@ -617,7 +625,7 @@ func (e *Engine) Invalidate(pd, qpn, key uint32, remote bool) (*Invalidation, er
 
 // beginDereg marks mr deregistered, after waiting for an invalidation or
 // re-registration of it in progress. It refuses while windows are bound to
-// it (ErrMWBound; rxe_dereg_mr refuses with EINVAL, IBTA 10.6.7: the
+// it (ErrMWBound, EINVAL as rxe_dereg_mr, IBTA 10.6.7: the
 // windows must be invalidated or deallocated first), while a remap of it
 // is in progress (ErrRemapInProgress, EBUSY: PrepareRemap until the
 // Remapping's Release or Abort, which is the caller's to call, so that

@@ -176,7 +176,7 @@ func TestInvalidateErrors(t *testing.T) {
 	e.End(&c)
 	err = e.DeregMR(remote)
 	require.ErrorIs(t, err, placement.ErrMWBound, "windows are bound to it")
-	require.EqualError(t, err, "placement: dereg MR: memory windows are bound to the MR: device or resource busy", "one prefix")
+	require.EqualError(t, err, "placement: dereg MR: memory windows are bound to the MR: invalid argument", "one prefix")
 	require.NoError(t, e.DeallocMW(t1))
 	require.NoError(t, e.DeallocMW(t2))
 	require.NoError(t, e.DeallocMW(unbound))
@@ -446,7 +446,7 @@ func TestRereg(t *testing.T) {
 	require.ErrorAs(t, err, &re)
 	require.Equal(t, placement.ReregErrInput, re.Code)
 	require.ErrorIs(t, err, placement.ErrMWBound)
-	require.EqualError(t, err, "rereg MR: memory windows are bound to the MR: device or resource busy (the MR is unchanged)")
+	require.EqualError(t, err, "rereg MR: memory windows are bound to the MR: invalid argument (the MR is unchanged)")
 	require.Equal(t, k, mr.RKey())
 	require.NoError(t, e.DeallocMW(w))
 	require.NoError(t, e.DeregMR(frwr))
@@ -491,4 +491,70 @@ func BenchmarkWriteWindow(b *testing.B) {
 			}
 		})
 	}
+}
+
+// TestMWBoundIsEINVAL: deregistering, re-registering or invalidating an MR
+// that windows are bound to fails with EINVAL, the errno rxe returns for
+// each (rxe_dereg_mr: "mr has mw's bound", IBA 10.6.7.2.6;
+// rxe_invalidate_mr: "Attempt to invalidate an MR while bound to MWs"),
+// as this package's errors wrap the kernel's errno for the same condition.
+func TestMWBoundIsEINVAL(t *testing.T) {
+	e := placement.New(placement.Config{PinLimit: 64 << 20})
+	mr := reg(t, e, pd1, make([]byte, 4096), rw|stag.AccessMWBind)
+	fr, err := e.AllocMR(pd1, 1)
+	require.NoError(t, err)
+	require.NoError(t, e.MapMR(fr, make([]byte, 4096)))
+	require.NoError(t, e.FastReg(pd1, fr, incKey(fr.LKey()), rw|stag.AccessMWBind))
+	w, err := e.AllocMW(pd1, placement.MWType1)
+	require.NoError(t, err)
+	_, err = e.BindMW(pd1, 5, w, w.NextRKey(), placement.BindInfo{MR: mr, Addr: mr.Addr(), Length: 8, Access: stag.AccessRemoteRead})
+	require.NoError(t, err)
+	w2, err := e.AllocMW(pd1, placement.MWType2)
+	require.NoError(t, err)
+	_, err = e.BindMW(pd1, 5, w2, incKey(w2.RKey()), placement.BindInfo{MR: fr, Addr: fr.Addr(), Length: 8, Access: stag.AccessRemoteRead})
+	require.NoError(t, err)
+
+	for name, err := range map[string]error{
+		"dereg":      e.DeregMR(mr),
+		"rereg":      e.ReregMR(mr, placement.ReregChangeAccess, 0, nil, rw),
+		"invalidate": func() error { _, err := e.Invalidate(pd1, 5, fr.LKey(), false); return err }(),
+	} {
+		require.ErrorIs(t, err, placement.ErrMWBound, name)
+		require.ErrorIs(t, err, unix.EINVAL, name)
+		require.NotErrorIs(t, err, unix.EBUSY, name)
+	}
+	require.NoError(t, e.DeallocMW(w))
+	require.NoError(t, e.DeallocMW(w2))
+	require.NoError(t, e.DeregMR(mr))
+	require.NoError(t, e.DeregMR(fr))
+}
+
+// TestInvalidateWindowBeingInvalidated: a type 2 window whose invalidation
+// has begun (its key no longer resolves; the wait for the placements in
+// flight has not ended) is invalidated already: a second LOCAL_INV or SEND
+// with Invalidate of its key fails with EINVAL, as it does once the first
+// has ended (an unbound window), instead of succeeding or failing by the
+// timing of the first one's grace period.
+func TestInvalidateWindowBeingInvalidated(t *testing.T) {
+	e := placement.New(placement.Config{PinLimit: 64 << 20})
+	mr := reg(t, e, pd1, make([]byte, 4096), rw|stag.AccessMWBind)
+	w, err := e.AllocMW(pd1, placement.MWType2)
+	require.NoError(t, err)
+	for _, remote := range []bool{false, true} {
+		key := incKey(w.RKey())
+		_, err = e.BindMW(pd1, 5, w, key, placement.BindInfo{MR: mr, Addr: mr.Addr(), Length: 64, Access: stag.AccessRemoteRead})
+		require.NoError(t, err)
+		first, err := e.Invalidate(pd1, 5, key, false)
+		require.NoError(t, err)
+		require.NotNil(t, first)
+		inv, err := e.Invalidate(pd1, 5, key, remote)
+		require.ErrorIs(t, err, unix.EINVAL, "remote %v: while the first invalidation waits", remote)
+		require.Nil(t, inv)
+		require.NoError(t, first.Wait())
+		inv, err = e.Invalidate(pd1, 5, key, remote)
+		require.ErrorIs(t, err, unix.EINVAL, "remote %v: after it", remote)
+		require.Nil(t, inv)
+	}
+	require.NoError(t, e.DeallocMW(w))
+	require.NoError(t, e.DeregMR(mr))
 }

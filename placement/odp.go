@@ -332,9 +332,32 @@ func (e *Engine) FaultAsyncQP(pd, qpn, rkey uint32, va, n uint64, write bool) bo
 	return true
 }
 
+// faultHeldAsync faults [va, va+n) of the ODP MR of ent in the background
+// (FaultPopulate, FaultWrite for a write) and then releases ent, a counted
+// reference the caller took for it; false, with ent still held, when
+// maxAsyncFaults faults are running already.
+func (e *Engine) faultHeldAsync(ent *stag.Entry[*MR], va, n uint64, write bool) bool {
+	select {
+	case e.asyncSem <- struct{}{}:
+	default:
+		return false
+	}
+	fl := pagetable.FaultPopulate
+	if write {
+		fl |= pagetable.FaultWrite
+	}
+	go func() {
+		defer func() { <-e.asyncSem }()
+		defer ent.Release()
+		_ = ent.Value.fault(va, n, fl)
+	}()
+	return true
+}
+
 // FaultCursorAsync starts, in the background, the fault of the next n
-// bytes of the cursor's message (at most what is left of it); pd is the
-// QP's protection domain. It returns WouldFault when the fault was started
+// bytes of the cursor's message (at most what is left of it) in the MR the
+// cursor holds — a message through a memory window included; pd, the QP's
+// protection domain, is not needed for it. It returns WouldFault when the fault was started
 // (or the background is busy: the retried packet faults again), and
 // RemoteAccessErr when the pages of the packet (the next pkt bytes) cannot
 // be faulted in at all (not mapped in the host, or read-only for a write),
@@ -348,8 +371,13 @@ func (e *Engine) FaultCursorAsync(c *Cursor, pkt, n uint64, pd uint32) Status {
 	if pkt > 0 && !s.Entry.Value.odp.t.Resolvable(s.IOVA+s.Done, pkt, s.Write) {
 		return RemoteAccessErr
 	}
-	if n > 0 {
-		e.FaultAsync(pd, uint32(s.Entry.STag), s.IOVA+s.Done, n, s.Write)
+	// The fault goes to the MR the cursor holds, under a counted
+	// reference (Hold, as FaultCursor): resolving the MR's own key as an
+	// R_Key again would refuse a message through a memory window, whose
+	// MR needs no remote rights of its own, and no page would ever be
+	// faulted in for its retries.
+	if n > 0 && s.Hold() && !e.faultHeldAsync(s.Entry, s.IOVA+s.Done, n, s.Write) {
+		s.Entry.Release()
 	}
 	return WouldFault
 }

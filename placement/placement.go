@@ -236,7 +236,7 @@ func (e *Engine) RegMR(pd uint32, buf []byte, access stag.Access) (*MR, error) {
 // from Begin to End. The transport must End the unbound cursors of QPs that
 // stop (error state, destroy), or DeregMR waits for them. An invalidation
 // or re-registration of the MR in progress is waited for first. Errors:
-// an MR of another engine (EINVAL); ErrMWBound (EBUSY) while memory
+// an MR of another engine (EINVAL); ErrMWBound (EINVAL) while memory
 // windows are bound to it; ErrRemapInProgress (ErrBusy, EBUSY) from
 // PrepareRemap to the Remapping's Release or Abort (the remap is the
 // caller's to end: DeregMR does not wait for it, ReregMR refuses too);

@@ -85,7 +85,7 @@ func (e *ReregError) Unwrap() error { return e.Err }
 // buffer, access without ChangeAccess, access flags RegMR refuses, a
 // change of ON_DEMAND, a translation change of an implicit ODP MR, an MR
 // of AllocMR (fast registration re-registers with REG_MR), a deregistered
-// MR (EINVAL); windows bound to the MR (ErrMWBound, EBUSY); another
+// MR (EINVAL); windows bound to the MR (ErrMWBound, EINVAL); another
 // re-registration or invalidation in progress, or placement suspended
 // (ErrBusy); the pin limit. Code ReregErrCmd is not produced by today's
 // implementation but is part of the contract.

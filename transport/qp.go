@@ -851,11 +851,20 @@ func (qp *QP) postSendLocked(wr *SendWR) error {
 		if wr.RemoteAddr&7 != 0 {
 			return fmt.Errorf("%w: 0x%x", ErrAtomicAlign, wr.RemoteAddr)
 		}
-		if len(wr.SGL) != 1 || wr.SGL[0].Length != 8 { // rxe validate_send_wr: length != 8 is EINVAL
-			return ErrAtomicLength
-		}
 	default:
 		return fmt.Errorf("%w: %v", ErrBadOpcode, wr.Opcode)
+	}
+	if wr.Opcode == WRAtomicCmpAndSwp || wr.Opcode == WRAtomicFetchAndAdd {
+		// rxe validate_send_wr: the SGE lengths must add up to 8 (length
+		// != 8 is EINVAL), over any number of SGEs; the completer
+		// scatters the original value over them.
+		var sum uint64
+		for _, sge := range wr.SGL {
+			sum += uint64(sge.Length)
+		}
+		if sum != 8 {
+			return fmt.Errorf("%w: %d bytes in %d SGEs", ErrAtomicLength, sum, len(wr.SGL))
+		}
 	}
 	total, pst := qp.dev.place.CheckSGL(qp.pd, wr.SGL, need)
 	if pst != placement.OK {
@@ -884,10 +893,6 @@ func (qp *QP) postSendLocked(wr *SendWR) error {
 	w.wr = *wr
 	w.wr.SGL = w.sgl[:copy(w.sgl, wr.SGL)]
 	w.length = total
-	if wr.Opcode == WRAtomicCmpAndSwp || wr.Opcode == WRAtomicFetchAndAdd {
-		w.length = 8
-		w.wr.SGL[0].Length = 8
-	}
 	if inline {
 		if pst := qp.dev.place.Gather(qp.pd, w.wr.SGL, 0, w.inline[:total]); pst != placement.OK {
 			return fmt.Errorf("%w: %v", ErrBadSGE, pst)

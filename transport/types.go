@@ -282,7 +282,7 @@ var (
 	ErrCQOverrun     = errors.New("CQ overrun")
 	ErrClosed        = errors.New("device closed")
 	ErrAtomicAlign   = errors.New("atomic remote address is not 8-byte aligned")
-	ErrAtomicLength  = errors.New("atomic needs one local SGE of exactly 8 bytes")
+	ErrAtomicLength  = errors.New("atomic needs local SGEs of 8 bytes in all")
 	ErrBusy          = fmt.Errorf("resource in use: %w", syscall.EBUSY)
 	ErrBadQP         = errors.New("QP missing, destroyed or of another device")
 	ErrBadCQ         = errors.New("CQ missing, destroyed or of another device")
