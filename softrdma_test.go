@@ -269,6 +269,12 @@ func TestPostErrorsLeaveQueueUntouched(t *testing.T) {
 		{"inline over limit", softrdma.SendWR{Opcode: softrdma.WRSend, Flags: softrdma.SendInline, SGL: []softrdma.SGE{good}}, softrdma.ErrInlineTooBig},
 		{"SGE past the MR", softrdma.SendWR{Opcode: softrdma.WRSend, SGL: []softrdma.SGE{{Addr: mr.Addr() + 4090, Length: 64, LKey: mr.LKey()}}}, softrdma.ErrBadSGE},
 		{"bad lkey", softrdma.SendWR{Opcode: softrdma.WRSend, SGL: []softrdma.SGE{{Addr: mr.Addr(), Length: 64, LKey: mr.LKey() ^ 0xff}}}, softrdma.ErrBadSGE},
+		// Inline data is for SEND and WRITE only (rxe validate_send_wr:
+		// "opcode doesn't support inline data", EINVAL): a READ or an
+		// atomic writes into its local SGEs, which inline data would not be.
+		{"inline READ", softrdma.SendWR{Opcode: softrdma.WRRDMARead, Flags: softrdma.SendInline, SGL: []softrdma.SGE{{Addr: mr.Addr(), Length: 8, LKey: mr.LKey()}}, RemoteAddr: 0x1000, RKey: 1}, softrdma.ErrBadOpcode},
+		{"inline atomic", softrdma.SendWR{Opcode: softrdma.WRAtomicFetchAndAdd, Flags: softrdma.SendInline, SGL: []softrdma.SGE{{Addr: mr.Addr(), Length: 8, LKey: mr.LKey()}}, RemoteAddr: 0x1000, RKey: 1}, softrdma.ErrBadOpcode},
+		{"inline CMP_SWAP", softrdma.SendWR{Opcode: softrdma.WRAtomicCmpAndSwp, Flags: softrdma.SendInline, SGL: []softrdma.SGE{{Addr: mr.Addr(), Length: 8, LKey: mr.LKey()}}, RemoteAddr: 0x1000, RKey: 1}, softrdma.ErrBadOpcode},
 	}
 	for _, c := range cases {
 		n, err := p.A.QP.PostSend(c.wr)

@@ -848,6 +848,9 @@ func (qp *QP) postSendLocked(wr *SendWR) error {
 		}
 	case WRAtomicCmpAndSwp, WRAtomicFetchAndAdd:
 		need = stag.AccessLocalWrite
+		if wr.Flags&SendInline != 0 { // rxe validate_send_wr: no inline data for the opcode
+			return fmt.Errorf("%w: an atomic cannot be inline", ErrBadOpcode)
+		}
 		if wr.RemoteAddr&7 != 0 {
 			return fmt.Errorf("%w: 0x%x", ErrAtomicAlign, wr.RemoteAddr)
 		}

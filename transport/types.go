@@ -149,7 +149,7 @@ const (
 	SendFence     SendFlags = 1
 	SendSignaled  SendFlags = 2
 	SendSolicited SendFlags = 4
-	SendInline    SendFlags = 8
+	SendInline    SendFlags = 8 // SEND and WRITE only: a READ or an atomic with it is ErrBadOpcode (rxe validate_send_wr)
 )
 
 // WCFlags are ibv_wc_flags.
