@@ -1,0 +1,50 @@
+package main
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/softrdma/softrdma/cmd/softrdma/internal/perf"
+)
+
+// TestDurationDecimalSeconds: -D is "this many seconds (or a Go duration
+// like 500ms)", so a decimal number of seconds is one too: -D 0.5 is
+// 500 ms and -D 2.5 is 2.5 s (it used to be refused as "not a number of
+// seconds"), and a whole number too large for 32 bits is out of range,
+// not "not a number". Text that is neither still names both forms.
+func TestDurationDecimalSeconds(t *testing.T) {
+	for _, tc := range []struct {
+		arg  string
+		want time.Duration
+	}{
+		{"0.5", 500 * time.Millisecond},
+		{"2.5", 2500 * time.Millisecond},
+		{".25", 250 * time.Millisecond},
+		{"3.", 3 * time.Second},
+		{"2", 2 * time.Second},
+		{"1.5s", 1500 * time.Millisecond},
+	} {
+		c, cmd, err := parse(t, "write-bw", "-D", tc.arg, "127.0.0.2")
+		require.NoError(t, err, tc.arg)
+		test, err := perf.ParseTest(cmd)
+		require.NoError(t, err)
+		o, err := c.tool(test).options(test)
+		require.NoError(t, err, tc.arg)
+		assert.Equal(t, tc.want, o.Params.Duration, tc.arg)
+	}
+	for _, tc := range []struct{ arg, want string }{
+		{"0.05", "--duration 50ms (-D): must be 100ms to 24h0m0s"},
+		{"0.0", `--duration: "0.0": must be 100ms to 24h0m0s`},
+		{"4294967296", "--duration 1193046h28m16s (-D): must be 100ms to 24h0m0s"},
+		{"abc", `--duration: "abc" is not a number of seconds (such as 2 or 0.5) or a Go duration (such as 500ms)`},
+		{"1,5", `--duration: "1,5" is not a number of seconds (such as 2 or 0.5) or a Go duration (such as 500ms)`},
+		{"1e3", `--duration: "1e3" is not a number of seconds (such as 2 or 0.5) or a Go duration (such as 500ms)`},
+	} {
+		code, _, stderr := runCLI(t, "write-bw", "-D", tc.arg, "-p", closedTCPPort(t), "127.0.0.1")
+		assert.Equal(t, exitUsage, code, "%s: %s", tc.arg, stderr)
+		assert.Contains(t, stderr, tc.want, tc.arg)
+	}
+}
