@@ -1,6 +1,9 @@
 package main
 
 import (
+	"fmt"
+	"math/rand/v2"
+	"sync"
 	"testing"
 	"time"
 
@@ -46,5 +49,40 @@ func TestDurationDecimalSeconds(t *testing.T) {
 		code, _, stderr := runCLI(t, "write-bw", "-D", tc.arg, "-p", closedTCPPort(t), "127.0.0.1")
 		assert.Equal(t, exitUsage, code, "%s: %s", tc.arg, stderr)
 		assert.Contains(t, stderr, tc.want, tc.arg)
+	}
+}
+
+// TestPingpongIdleNamesThePort: rc-pingpong's exchange carries no port,
+// so each side sends to its peer's IP at UDP 4791. Two sides whose
+// devices are bound off 4791 (--bind IP:PORT) never complete an exchange;
+// the idle timeout used to blame the peer ("stopped or went away ... a
+// smaller -n?"). With no exchange done and this side's device off 4791,
+// it says that instead.
+func TestPingpongIdleNamesThePort(t *testing.T) {
+	port := closedTCPPort(t)
+	subnet := fmt.Sprintf("127.%d.%d.", 100+rand.IntN(100), rand.IntN(250))
+	var srvCode int
+	var srvErr string
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		srvCode, _, srvErr = runCLI(t, "rc-pingpong", "-g", "1", "-p", port, "--bind", subnet+"2:0",
+			"-n", "5", "--idle-timeout", "1s")
+	})
+	cliCode, _, cliErr := runCLI(t, "rc-pingpong", "-g", "1", "-p", port, "--bind", subnet+"1:0",
+		"--connect-timeout", "30s", "-n", "5", "--idle-timeout", "1s", "127.0.0.1")
+	wg.Wait()
+	for _, side := range []struct {
+		code int
+		err  string
+	}{{srvCode, srvErr}, {cliCode, cliErr}} {
+		assert.Equal(t, exitFail, side.code, side.err)
+		assert.Contains(t, side.err, "rc-pingpong: no completion for 1s (--idle-timeout) after 0 of 5 exchanges (-n 5): "+
+			"this side's device is on UDP ")
+		assert.Contains(t, side.err, ", not 4791, and ibv_rc_pingpong's exchange carries no port: the peer sends to 4791 "+
+			"(give each side its own IP with --bind IP, both on UDP 4791)")
+		assert.NotContains(t, side.err, "smaller -n", side.err)
+		// The warning names the port bound, not --bind's 0.
+		assert.Contains(t, side.err, "rc-pingpong: the device binds UDP port ")
+		assert.NotContains(t, side.err, "binds UDP port 0;")
 	}
 }

@@ -378,10 +378,6 @@ func (e *SetupTimeoutError) Unwrap() error { return e.err }
 // rx_depth receives and picks the PSN.
 func (r *run) setup(bind netip.AddrPort) error {
 	o := r.o
-	if bind.Port() != wire.RoCEv2Port {
-		r.logf("%s: the device binds UDP port %d; a stock peer sends to %d (the exchange has no port)",
-			o.name(), bind.Port(), wire.RoCEv2Port)
-	}
 	cfg := softrdma.Config{Addr: bind, Logf: o.Logf, SourcePort: o.SourcePort}
 	if r.tap != nil {
 		cfg.Tap = r.tap
@@ -389,6 +385,11 @@ func (r *run) setup(bind netip.AddrPort) error {
 	var err error
 	if r.dev, err = softrdma.Open(cfg); err != nil {
 		return fmt.Errorf("couldn't open the device: %w", err)
+	}
+	if port := r.dev.LocalAddr().Port(); port != wire.RoCEv2Port {
+		// The port bound, not the one asked for (--bind IP:0).
+		r.logf("%s: the device binds UDP port %d; a stock peer sends to %d (the exchange has no port)",
+			o.name(), port, wire.RoCEv2Port)
 	}
 	if mtu := r.dev.Attr().ActiveMTU.Bytes(); o.Type == softrdma.QPTypeUD && o.Size > mtu {
 		// ud_pingpong: "Requested size larger than port MTU (%d)".
@@ -607,6 +608,15 @@ func (r *run) pingpong(ctx context.Context) error {
 		wcs, err := r.poll(ctx)
 		if err != nil {
 			if idle.Expired() {
+				if port := r.dev.LocalAddr().Port(); min(rcnt, scnt) == 0 && port != wire.RoCEv2Port {
+					// Nothing ever came back: the peer, told no port,
+					// sends to this side's IP at 4791, where this
+					// device is not.
+					return fmt.Errorf("no completion for %v (--idle-timeout) after 0 of %d exchanges (-n %d): "+
+						"this side's device is on UDP %d, not %d, and %s's exchange carries no port: the peer sends to %d "+
+						"(give each side its own IP with --bind IP, both on UDP %d)",
+						o.IdleTimeout, o.Iters, o.Iters, port, wire.RoCEv2Port, o.tool(), wire.RoCEv2Port, wire.RoCEv2Port)
+				}
 				return fmt.Errorf("no completion for %v (--idle-timeout) after %d of %d exchanges (-n %d): "+
 					"the peer stopped or went away (was it given a smaller -n? %s's exchange does not carry it)",
 					o.IdleTimeout, min(rcnt, scnt), o.Iters, o.Iters, o.tool())
