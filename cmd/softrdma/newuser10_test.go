@@ -86,3 +86,24 @@ func TestPingpongIdleNamesThePort(t *testing.T) {
 		assert.NotContains(t, side.err, "binds UDP port 0;")
 	}
 }
+
+// TestAllIgnoresSizeNotice: -a runs every size from 2 to 2^23 bytes
+// whatever -s says (perftest's force_dependecies sets size to MAX_SIZE
+// under RUN_ALL, silently); a client given both says on stderr that -s
+// is ignored, as it does for -n under -D.
+func TestAllIgnoresSizeNotice(t *testing.T) {
+	srvCode, _, srvErr, cliCode, cliOut, cliErr := runPair(t,
+		[]string{"write-bw", "--bind", "127.0.0.1:0"},
+		[]string{"write-bw", "-a", "-s", "4096", "-n", "5", "127.0.0.1"})
+	require.Equal(t, exitOK, srvCode, srvErr)
+	require.Equal(t, exitOK, cliCode, cliErr)
+	assert.Contains(t, cliErr, "softrdma: -s 4096 ignored: -a runs every size from 2 to 8388608 bytes\n")
+	assert.Contains(t, cliOut, " 8388608    5 ")
+	// Without -s, nothing to say.
+	srvCode, _, srvErr, cliCode, _, cliErr = runPair(t,
+		[]string{"read-bw", "--bind", "127.0.0.1:0"},
+		[]string{"read-bw", "-a", "-n", "5", "127.0.0.1"})
+	require.Equal(t, exitOK, srvCode, srvErr)
+	require.Equal(t, exitOK, cliCode, cliErr)
+	assert.NotContains(t, cliErr, "ignored")
+}

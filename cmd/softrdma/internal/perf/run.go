@@ -484,6 +484,7 @@ func (s *session) clientHello(ctx context.Context) error {
 	}
 	s.noteFileIgnores()
 	s.noteDurationIgnoresIters()
+	s.noteAllIgnoresSize()
 	return s.openOut()
 }
 
@@ -516,6 +517,17 @@ func (s *session) noteDurationIgnoresIters() {
 		return
 	}
 	s.logf("softrdma: -n %d ignored: -D %v runs for the time, however many iterations fit", s.o.Params.Iters, s.o.Params.Duration)
+}
+
+// noteAllIgnoresSize tells a client given both -a and -s that -s does
+// not apply: perftest's RUN_ALL sets size to MAX_SIZE
+// (force_dependecies) and loops over every size, silently; softrdma says
+// so, as for -n under -D.
+func (s *session) noteAllIgnoresSize() {
+	if s.fileSize >= 0 || !s.o.Params.All || s.o.Params.Size == 0 {
+		return
+	}
+	s.logf("softrdma: -s %d ignored: -a runs every size from 2 to %d bytes", s.o.Params.Size, MaxSize)
 }
 
 // plural is "1 message", "5 messages": n and noun, with an s unless n is 1.
