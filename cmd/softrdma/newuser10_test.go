@@ -107,3 +107,15 @@ func TestAllIgnoresSizeNotice(t *testing.T) {
 	require.Equal(t, exitOK, cliCode, cliErr)
 	assert.NotContains(t, cliErr, "ignored")
 }
+
+// TestRefusedAfterConnectTimeoutSaysItRetried: a connection still refused
+// when --connect-timeout ends says that it was retried for that long; it
+// used to read as a single refused attempt.
+func TestRefusedAfterConnectTimeoutSaysItRetried(t *testing.T) {
+	port := closedTCPPort(t)
+	start := time.Now()
+	code, _, stderr := runCLI(t, "write-bw", "-p", port, "--connect-timeout", "300ms", "127.0.0.1")
+	assert.Equal(t, exitFail, code)
+	assert.GreaterOrEqual(t, time.Since(start), 200*time.Millisecond, "it retried")
+	assert.Contains(t, stderr, "connection refused (still, after retrying for --connect-timeout 300ms: is the server running on port "+port+"?)\n")
+}

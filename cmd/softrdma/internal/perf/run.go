@@ -668,11 +668,12 @@ func dial(ctx context.Context, addr string, timeout time.Duration) (net.Conn, er
 
 // refusedHint adds to a refused connection to addr what a new user most
 // likely missed: no server listens on that port (yet). Without
-// --connect-timeout (0) it names the flag that retries.
+// --connect-timeout (0) it names the flag that retries; with it, that the
+// connection was retried for that long.
 func refusedHint(err error, addr string, timeout time.Duration) error {
 	_, port, _ := net.SplitHostPort(addr)
 	if timeout > 0 {
-		return fmt.Errorf("%w (is the server running on port %s?)", err, port)
+		return fmt.Errorf("%w (still, after retrying for --connect-timeout %v: is the server running on port %s?)", err, timeout, port)
 	}
 	return fmt.Errorf("%w (is the server running on port %s? --connect-timeout retries until it is)", err, port)
 }
