@@ -3,6 +3,9 @@ package main
 import (
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -118,4 +121,51 @@ func TestRefusedAfterConnectTimeoutSaysItRetried(t *testing.T) {
 	assert.Equal(t, exitFail, code)
 	assert.GreaterOrEqual(t, time.Since(start), 200*time.Millisecond, "it retried")
 	assert.Contains(t, stderr, "connection refused (still, after retrying for --connect-timeout 300ms: is the server running on port "+port+"?)\n")
+}
+
+// TestIPv6ServerInFreshNetns follows the README's two-host recipe with
+// IPv6 addresses: `ip netns add` leaves lo down, so a Go process in the
+// namespace with IPv4 and IPv6 addresses on its veth finds no IPv6
+// loopback, and its "tcp" ":18515" listener is IPv4 only; a server whose device is IPv6 (--bind fdXX::1) then refused
+// its client ("connect: connection refused") while it waited for one.
+// The exchange's listener of an IPv6 device is IPv6 (hostaddr.ListenAll):
+// send-bw and rc-pingpong complete over the veth pair. Needs root.
+func TestIPv6ServerInFreshNetns(t *testing.T) {
+	skipWithoutNetns(t)
+	_, bin := buildTool(t)
+	id := os.Getpid() % 200
+	h := &hosts{
+		nsA: fmt.Sprintf("srdma6-a-%d", os.Getpid()),
+		nsB: fmt.Sprintf("srdma6-b-%d", os.Getpid()),
+		ipA: fmt.Sprintf("fd%02x::1", id),
+		ipB: fmt.Sprintf("fd%02x::2", id),
+	}
+	ip := func(args ...string) {
+		out, err := exec.Command("ip", args...).CombinedOutput()
+		require.NoError(t, err, "ip %s: %s", strings.Join(args, " "), out)
+	}
+	t.Cleanup(func() {
+		exec.Command("ip", "netns", "del", h.nsA).Run()
+		exec.Command("ip", "netns", "del", h.nsB).Run()
+	})
+	ip("netns", "add", h.nsA)
+	ip("netns", "add", h.nsB)
+	vA, vB := fmt.Sprintf("s6v%da", id), fmt.Sprintf("s6v%db", id)
+	ip("link", "add", vA, "netns", h.nsA, "type", "veth", "peer", "name", vB, "netns", h.nsB)
+	// As the README's recipe: lo stays down, IPv4 addresses on the veth
+	// (with them, Go's listener on ":port" is IPv4 only; with IPv6
+	// addresses alone it happens to be dual-stack), and IPv6 ones added.
+	for i, c := range []struct{ ns, dev, addr string }{{h.nsA, vA, h.ipA}, {h.nsB, vB, h.ipB}} {
+		ip("-n", c.ns, "link", "set", c.dev, "mtu", "9000", "up")
+		ip("-n", c.ns, "addr", "add", fmt.Sprintf("10.234.%d.%d/24", id, i+1), "dev", c.dev)
+		ip("-n", c.ns, "addr", "add", c.addr+"/64", "dev", c.dev, "nodad")
+	}
+	_, cli := h.runFor(t, 2*time.Minute, bin,
+		[]string{"send-bw", "--bind", h.ipA},
+		[]string{"send-bw", h.ipA, "--bind", h.ipB, "-n", "50", "--verify"})
+	assert.Contains(t, cli, "Verify          : every byte matched")
+	_, cli = h.runFor(t, 2*time.Minute, bin,
+		[]string{"rc-pingpong", "-g", "1", "--bind", h.ipA, "-n", "20"},
+		[]string{"rc-pingpong", "-g", "1", "--bind", h.ipB, "-n", "20", h.ipA})
+	assert.Contains(t, cli, "20 iters in ")
 }

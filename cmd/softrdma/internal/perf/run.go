@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/softrdma/softrdma/cmd/softrdma/internal/exchange"
+	"github.com/softrdma/softrdma/cmd/softrdma/internal/hostaddr"
 	"github.com/softrdma/softrdma/cmd/softrdma/internal/idlewatch"
 	"github.com/softrdma/softrdma/cmd/softrdma/internal/report"
 )
@@ -751,8 +752,9 @@ func (s *session) runServer(ctx context.Context) error {
 		if port == 0 {
 			port = exchange.DefaultPort
 		}
+		bind, _, _ := ParseBind(o.Bind) // checked above
 		var err error
-		if ln, err = net.Listen("tcp", ":"+strconv.Itoa(port)); err != nil {
+		if ln, err = hostaddr.ListenAll(port, bind.Addr()); err != nil {
 			return fmt.Errorf("listen: %w", err)
 		}
 	}

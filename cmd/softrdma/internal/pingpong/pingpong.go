@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/softrdma/softrdma"
+	"github.com/softrdma/softrdma/cmd/softrdma/internal/hostaddr"
 	"github.com/softrdma/softrdma/cmd/softrdma/internal/idlewatch"
 	"github.com/softrdma/softrdma/cmd/softrdma/internal/odpbuf"
 	"github.com/softrdma/softrdma/cmd/softrdma/internal/report"
@@ -294,7 +295,7 @@ func Run(ctx context.Context, o Options) (err error) {
 	if o.Server != "" {
 		c, err = dial(ctx, o.Server, o.Port, o.ConnectTimeout)
 	} else {
-		c, err = accept(ctx, o.Listener, o.Port)
+		c, err = accept(ctx, o.Listener, o.Port, bind.Addr())
 	}
 	if err != nil {
 		return err
@@ -830,11 +831,12 @@ func dial(ctx context.Context, host string, port int, timeout time.Duration) (ne
 }
 
 // accept waits for one client on ln, or on a listener of port (all
-// addresses, as AI_PASSIVE).
-func accept(ctx context.Context, ln net.Listener, port int) (net.Conn, error) {
+// addresses, as AI_PASSIVE; IPv6 too when the device's address, if
+// known, is IPv6: hostaddr.ListenAll).
+func accept(ctx context.Context, ln net.Listener, port int, device netip.Addr) (net.Conn, error) {
 	if ln == nil {
 		var err error
-		if ln, err = net.Listen("tcp", ":"+strconv.Itoa(port)); err != nil {
+		if ln, err = hostaddr.ListenAll(port, device); err != nil {
 			return nil, fmt.Errorf("couldn't listen to port %d: %w", port, err)
 		}
 	}
