@@ -130,8 +130,15 @@ func AHAttrFor(addr netip.AddrPort) AHAttr {
 // qkey and first send PSN psn: the three ibv_modify_qp calls of
 // ibv_ud_pingpong, with the attributes IBTA Table 91 requires of UD
 // (P_Key index, port and Q_Key; nothing; the SQ PSN). On error the QP is
-// left in the state reached.
+// left in the state reached. A nil QP is ErrBadQP, as for Connect; an RC
+// or UC QP is ErrBadAttr, before any transition (Connect connects those).
 func InitUD(qp *QP, qkey uint32, psn PSN) error {
+	if qp == nil {
+		return fmt.Errorf("softrdma: init UD: nil QP: %w", ErrBadQP)
+	}
+	if t := qp.Type(); t != QPTypeUD {
+		return fmt.Errorf("softrdma: init UD: QP %d is %v, not UD (Connect connects RC and UC QPs): %w", qp.QPN(), t, ErrBadAttr)
+	}
 	if err := qp.Modify(&QPAttr{State: QPStateInit, PKeyIndex: 0, Port: 1, QKey: qkey},
 		QPAttrState|QPAttrPKeyIndex|QPAttrPort|QPAttrQKey); err != nil {
 		return err

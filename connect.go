@@ -65,10 +65,15 @@ func (o ConnectOptions) withDefaults() ConnectOptions {
 // calls of ibv_rc_pingpong and perftest, with their required attributes
 // (IBTA Table 91). A UC QP gets UC's attributes only (ibv_uc_pingpong's
 // calls: no timeout, retries, RNR timer or READ/atomic credits). On error
-// the QP is left in the state reached; a nil QP is ErrBadQP.
+// the QP is left in the state reached; a nil QP is ErrBadQP, and a UD QP
+// ErrBadAttr, before any transition (InitUD brings one up).
 func Connect(qp *QP, remote Endpoint, localPSN PSN, o ConnectOptions) error {
 	if qp == nil {
 		return fmt.Errorf("softrdma: connect: nil QP: %w", ErrBadQP)
+	}
+	if qp.Type() == QPTypeUD {
+		return fmt.Errorf("softrdma: connect: QP %d is UD, which is not connected (InitUD, then an address handle for each send): %w",
+			qp.QPN(), ErrBadAttr)
 	}
 	if o.MTU == 0 && !o.Exact {
 		o.MTU = qp.ActiveMTU() // the port's, as perftest takes it

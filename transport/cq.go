@@ -2,8 +2,10 @@ package transport
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
+	"syscall"
 )
 
 // CQ is a completion queue (ibv_cq): a ring of at most depth WCs. When a
@@ -124,7 +126,14 @@ func (cq *CQ) Poll(wcs []WC) (int, error) {
 // Wait blocks until at least one completion is queued (or the CQ is in
 // error), or ctx is done; then it polls like Poll. It is the blocking
 // counterpart of ibv_req_notify_cq + ibv_get_cq_event + ibv_poll_cq.
+// An empty wcs (len 0, whatever its capacity) could never receive a
+// completion, so Wait refuses it at once with an error wrapping
+// syscall.EINVAL instead of blocking until ctx ends; the completions
+// queued stay for the next Poll.
 func (cq *CQ) Wait(ctx context.Context, wcs []WC) (int, error) {
+	if len(wcs) == 0 {
+		return 0, fmt.Errorf("transport: wait on CQ: no room for a completion (len(wcs) is 0): %w", syscall.EINVAL)
+	}
 	for {
 		n, err := cq.Poll(wcs)
 		if n > 0 || err != nil {

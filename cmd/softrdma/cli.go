@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -38,7 +39,7 @@ type toolCmd struct {
 
 	Size        msgSize  `short:"s" help:"Message size in bytes (K, M suffixes: KiB, MiB). Default: 65536 (BW), 2 (lat), 8 (atomic)."`
 	Iters       iters    `short:"n" help:"Iterations per QP: 5 to 100000000. Default: 5000 (BW), 1000 (lat)."`
-	Duration    seconds  `short:"D" help:"Run for this many seconds (or a Go duration like 500ms) instead of -n: 100ms to 24h (shorter may complete nothing)."`
+	Duration    seconds  `short:"D" help:"Run for this many seconds (2, 0.5) or a Go duration (500ms) instead of -n: 100ms to 24h (shorter may complete nothing)."`
 	All         bool     `short:"a" help:"Run sizes 2 to 2^23 bytes."`
 	MTU         mtuFlag  `short:"m" name:"mtu" placeholder:"MTU" help:"Path MTU: 256, 512, 1024, 2048 or 4096, at most the port's active MTU (larger: the active MTU, with a notice). Default: the port's active MTU, the link's MTU less the RoCEv2 headers (1500: 1024; 9000: 4096). The two sides use the smaller of theirs."`
 	TxDepth     count    `short:"t" name:"tx-depth" help:"Outstanding send WRs per QP. Default: 128 (BW), 1 (lat)."`
@@ -351,25 +352,27 @@ func (m *mtuFlag) UnmarshalText(text []byte) error {
 // Decode implements kong.MapperValue.
 func (m *mtuFlag) Decode(ctx *kong.DecodeContext) error { return decodeText(ctx, "MTU", m) }
 
-// seconds is a duration given as whole seconds (perftest's -D) or as a Go
-// duration, longer than 0.
+// seconds is a duration given as a number of seconds (perftest's -D,
+// whole there; a decimal such as 0.5 here too) or as a Go duration,
+// longer than 0.
 type seconds time.Duration
+
+// decimalSeconds matches a plain number of seconds: digits with an
+// optional decimal point (2, 0.5, .5, 3.), no sign, exponent or unit.
+var decimalSeconds = regexp.MustCompile(`^([0-9]+\.?[0-9]*|\.[0-9]+)$`)
 
 func (d *seconds) UnmarshalText(text []byte) error {
 	s := string(text)
-	if n, err := strconv.ParseUint(s, 10, 32); err == nil {
-		if n == 0 {
-			return fmt.Errorf("%q: must be %v to %v", s, perf.MinDuration, perf.MaxDuration)
-		}
-		*d = seconds(time.Duration(n) * time.Second)
-		return nil
+	unit := ""
+	if decimalSeconds.MatchString(s) {
+		unit = "s" // time.ParseDuration reads "0.5s" exactly
 	}
-	v, err := time.ParseDuration(s)
+	v, err := time.ParseDuration(s + unit)
 	if err == nil && v < 0 || err != nil && negativeValue.MatchString(s) {
 		return fmt.Errorf("%q: must not be negative: %v to %v", s, perf.MinDuration, perf.MaxDuration)
 	}
 	if err != nil {
-		return fmt.Errorf("%q is not a number of seconds or a duration", s)
+		return fmt.Errorf("%q is not a number of seconds (such as 2 or 0.5) or a Go duration (such as 500ms)", s)
 	}
 	if v == 0 {
 		return fmt.Errorf("%q: must be %v to %v", s, perf.MinDuration, perf.MaxDuration)

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"strconv"
 )
 
 // ErrNone: the host has no address but loopback and link-local ones.
@@ -49,4 +50,21 @@ func Sole() (netip.Addr, error) {
 		return netip.Addr{}, ErrNone
 	}
 	return netip.Addr{}, fmt.Errorf("this host has several addresses (%v)", slices.Concat(v4, v6))
+}
+
+// ListenAll listens for a tool's TCP exchange on port of every address,
+// as perftest's and rc_pingpong's servers do (getaddrinfo with
+// AI_PASSIVE). device is the address the tool's RoCE device binds, if
+// known (--bind). Go's "tcp" ":port" (and "[::]:port" alike) listens on
+// IPv4 alone when the process finds no IPv6 loopback (a fresh network
+// namespace whose lo is still down, as after `ip netns add`), which
+// leaves a client of an IPv6 device refused; so for an IPv6 device it
+// listens on "tcp6" "[::]:port": every IPv6 address (a client reaching
+// it over IPv4 would give its own device an IPv4 address, which cannot
+// talk to an IPv6 device anyway).
+func ListenAll(port int, device netip.Addr) (net.Listener, error) {
+	if device.Is6() && !device.Is4In6() {
+		return net.Listen("tcp6", net.JoinHostPort("::", strconv.Itoa(port)))
+	}
+	return net.Listen("tcp", ":"+strconv.Itoa(port))
 }

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/softrdma/softrdma/cmd/softrdma/internal/exchange"
+	"github.com/softrdma/softrdma/cmd/softrdma/internal/hostaddr"
 	"github.com/softrdma/softrdma/cmd/softrdma/internal/idlewatch"
 	"github.com/softrdma/softrdma/cmd/softrdma/internal/report"
 )
@@ -484,6 +485,7 @@ func (s *session) clientHello(ctx context.Context) error {
 	}
 	s.noteFileIgnores()
 	s.noteDurationIgnoresIters()
+	s.noteAllIgnoresSize()
 	return s.openOut()
 }
 
@@ -516,6 +518,17 @@ func (s *session) noteDurationIgnoresIters() {
 		return
 	}
 	s.logf("softrdma: -n %d ignored: -D %v runs for the time, however many iterations fit", s.o.Params.Iters, s.o.Params.Duration)
+}
+
+// noteAllIgnoresSize tells a client given both -a and -s that -s does
+// not apply: perftest's RUN_ALL sets size to MAX_SIZE
+// (force_dependecies) and loops over every size, silently; softrdma says
+// so, as for -n under -D.
+func (s *session) noteAllIgnoresSize() {
+	if s.fileSize >= 0 || !s.o.Params.All || s.o.Params.Size == 0 {
+		return
+	}
+	s.logf("softrdma: -s %d ignored: -a runs every size from 2 to %d bytes", s.o.Params.Size, MaxSize)
 }
 
 // plural is "1 message", "5 messages": n and noun, with an s unless n is 1.
@@ -656,11 +669,12 @@ func dial(ctx context.Context, addr string, timeout time.Duration) (net.Conn, er
 
 // refusedHint adds to a refused connection to addr what a new user most
 // likely missed: no server listens on that port (yet). Without
-// --connect-timeout (0) it names the flag that retries.
+// --connect-timeout (0) it names the flag that retries; with it, that the
+// connection was retried for that long.
 func refusedHint(err error, addr string, timeout time.Duration) error {
 	_, port, _ := net.SplitHostPort(addr)
 	if timeout > 0 {
-		return fmt.Errorf("%w (is the server running on port %s?)", err, port)
+		return fmt.Errorf("%w (still, after retrying for --connect-timeout %v: is the server running on port %s?)", err, timeout, port)
 	}
 	return fmt.Errorf("%w (is the server running on port %s? --connect-timeout retries until it is)", err, port)
 }
@@ -738,8 +752,9 @@ func (s *session) runServer(ctx context.Context) error {
 		if port == 0 {
 			port = exchange.DefaultPort
 		}
+		bind, _, _ := ParseBind(o.Bind) // checked above
 		var err error
-		if ln, err = net.Listen("tcp", ":"+strconv.Itoa(port)); err != nil {
+		if ln, err = hostaddr.ListenAll(port, bind.Addr()); err != nil {
 			return fmt.Errorf("listen: %w", err)
 		}
 	}

@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/softrdma/softrdma"
+	"github.com/softrdma/softrdma/cmd/softrdma/internal/hostaddr"
 	"github.com/softrdma/softrdma/cmd/softrdma/internal/idlewatch"
 	"github.com/softrdma/softrdma/cmd/softrdma/internal/odpbuf"
 	"github.com/softrdma/softrdma/cmd/softrdma/internal/report"
@@ -294,7 +295,7 @@ func Run(ctx context.Context, o Options) (err error) {
 	if o.Server != "" {
 		c, err = dial(ctx, o.Server, o.Port, o.ConnectTimeout)
 	} else {
-		c, err = accept(ctx, o.Listener, o.Port)
+		c, err = accept(ctx, o.Listener, o.Port, bind.Addr())
 	}
 	if err != nil {
 		return err
@@ -378,10 +379,6 @@ func (e *SetupTimeoutError) Unwrap() error { return e.err }
 // rx_depth receives and picks the PSN.
 func (r *run) setup(bind netip.AddrPort) error {
 	o := r.o
-	if bind.Port() != wire.RoCEv2Port {
-		r.logf("%s: the device binds UDP port %d; a stock peer sends to %d (the exchange has no port)",
-			o.name(), bind.Port(), wire.RoCEv2Port)
-	}
 	cfg := softrdma.Config{Addr: bind, Logf: o.Logf, SourcePort: o.SourcePort}
 	if r.tap != nil {
 		cfg.Tap = r.tap
@@ -389,6 +386,11 @@ func (r *run) setup(bind netip.AddrPort) error {
 	var err error
 	if r.dev, err = softrdma.Open(cfg); err != nil {
 		return fmt.Errorf("couldn't open the device: %w", err)
+	}
+	if port := r.dev.LocalAddr().Port(); port != wire.RoCEv2Port {
+		// The port bound, not the one asked for (--bind IP:0).
+		r.logf("%s: the device binds UDP port %d; a stock peer sends to %d (the exchange has no port)",
+			o.name(), port, wire.RoCEv2Port)
 	}
 	if mtu := r.dev.Attr().ActiveMTU.Bytes(); o.Type == softrdma.QPTypeUD && o.Size > mtu {
 		// ud_pingpong: "Requested size larger than port MTU (%d)".
@@ -607,6 +609,15 @@ func (r *run) pingpong(ctx context.Context) error {
 		wcs, err := r.poll(ctx)
 		if err != nil {
 			if idle.Expired() {
+				if port := r.dev.LocalAddr().Port(); min(rcnt, scnt) == 0 && port != wire.RoCEv2Port {
+					// Nothing ever came back: the peer, told no port,
+					// sends to this side's IP at 4791, where this
+					// device is not.
+					return fmt.Errorf("no completion for %v (--idle-timeout) after 0 of %d exchanges (-n %d): "+
+						"this side's device is on UDP %d, not %d, and %s's exchange carries no port: the peer sends to %d "+
+						"(give each side its own IP with --bind IP, both on UDP %d)",
+						o.IdleTimeout, o.Iters, o.Iters, port, wire.RoCEv2Port, o.tool(), wire.RoCEv2Port, wire.RoCEv2Port)
+				}
 				return fmt.Errorf("no completion for %v (--idle-timeout) after %d of %d exchanges (-n %d): "+
 					"the peer stopped or went away (was it given a smaller -n? %s's exchange does not carry it)",
 					o.IdleTimeout, min(rcnt, scnt), o.Iters, o.Iters, o.tool())
@@ -820,11 +831,12 @@ func dial(ctx context.Context, host string, port int, timeout time.Duration) (ne
 }
 
 // accept waits for one client on ln, or on a listener of port (all
-// addresses, as AI_PASSIVE).
-func accept(ctx context.Context, ln net.Listener, port int) (net.Conn, error) {
+// addresses, as AI_PASSIVE; IPv6 too when the device's address, if
+// known, is IPv6: hostaddr.ListenAll).
+func accept(ctx context.Context, ln net.Listener, port int, device netip.Addr) (net.Conn, error) {
 	if ln == nil {
 		var err error
-		if ln, err = net.Listen("tcp", ":"+strconv.Itoa(port)); err != nil {
+		if ln, err = hostaddr.ListenAll(port, device); err != nil {
 			return nil, fmt.Errorf("couldn't listen to port %d: %w", port, err)
 		}
 	}
