@@ -331,7 +331,14 @@ func (d *Device) createQP(pd uint32, init *QPInitAttr, qpn uint32) (*QP, error) 
 	qp.resp.recv.sgl = make([]SGE, c.MaxRecvSGE)
 	qp.bindCursors()
 	qp.resp.res = make([]rdRes, 1)
-	qp.path.Store(&path{mtu: 4096})
+	mtu := MTU4096.Bytes()
+	if init.Type == QPTypeUD {
+		// A UD message is bounded by the port's MTU (IBTA C10-93.1.1;
+		// rxe get_mtu: port.mtu_cap for UD); Modify never sets a UD
+		// QP's path MTU (Table 91 has none for UD).
+		mtu = d.ActiveMTU().Bytes()
+	}
+	qp.path.Store(&path{mtu: mtu})
 	qp.timer = time.AfterFunc(time.Hour, qp.onTimer)
 	qp.timer.Stop()
 

@@ -97,8 +97,10 @@ func (qp *QP) checkWRType(wr *SendWR) error {
 	return nil
 }
 
-// checkWRLength refuses a UD send longer than the path MTU (a datagram is
-// one packet; rxe refuses it too). total is the message length in bytes.
+// checkWRLength refuses a UD send longer than the port's active MTU, which
+// is a UD QP's path MTU (a datagram is one packet; IBTA C10-93.1.1 bounds
+// it by the port's MTU: rxe emits no packet for it, softrdma refuses it at
+// post). total is the message length in bytes.
 func (qp *QP) checkWRLength(total uint64) error {
 	if qp.typ == QPTypeUD {
 		if mtu := qp.path.Load().mtu; total > uint64(mtu) {
@@ -177,7 +179,15 @@ func (d *Device) handleUnreliable(qp *QP, pkt *conn.Packet, p *wire.Packet) {
 		return
 	}
 	path := qp.path.Load()
-	if len(p.Payload) > path.mtu {
+	maxPayload := path.mtu
+	if qp.typ == QPTypeUD {
+		// A datagram longer than this port's MTU is taken if it fits
+		// the receive WQE (rxe's check_length checks UD requests only
+		// against the receive buffer, IBA C9-92); 4096 is the largest
+		// IBTA MTU.
+		maxPayload = MTU4096.Bytes()
+	}
+	if len(p.Payload) > maxPayload {
 		c.drop(DropTooLong)
 		return
 	}

@@ -44,10 +44,16 @@ const (
 )
 
 func newDGRig(t testing.TB, typ QPType, pc conn.PipeConfig) *dgRig {
+	return newDGRigMTU(t, typ, pc, 0)
+}
+
+// newDGRigMTU is newDGRig on a device whose port's active MTU is mtu (0:
+// 4096).
+func newDGRigMTU(t testing.TB, typ QPType, pc conn.PipeConfig, mtu MTU) *dgRig {
 	a, b, err := conn.NewPipeWith(pc)
 	require.NoError(t, err)
 	e := placement.New(placement.Config{})
-	d, err := NewDevice(Config{Conn: b, Placement: e})
+	d, err := NewDevice(Config{Conn: b, Placement: e, ActiveMTU: mtu})
 	require.NoError(t, err)
 	t.Cleanup(func() { d.Close(); a.Close() })
 	r := &dgRig{t: t, d: d, peer: a, from: a.LocalAddr(), place: e, peerQP: 0x99}
@@ -427,6 +433,42 @@ func TestUDPostChecks(t *testing.T) {
 		_, err = r.d.CreateAH(1, &AHAttr{Dest: netip.MustParseAddrPort(dst)})
 		require.ErrorIs(t, err, ErrBadAHAttr, dst)
 	}
+}
+
+// TestUDDatagramBoundedByPortMTU: a UD message is bounded by the MTU of
+// the port (IBTA C10-93.1.1, "the MTU of the port as returned by
+// QueryHCA"; rxe's requester takes port.mtu_cap for UD, get_mtu), not by
+// 4096: on a 1500-byte Ethernet link the active MTU is 1024 and a longer
+// datagram would not fit the link. PostSend refuses one byte more than
+// the active MTU. A receive still takes a datagram longer than the local
+// port's MTU (up to 4096) when it fits the receive WQE: rxe checks the
+// payload of UD requests only against the receive buffer (check_length,
+// IBA C9-92).
+func TestUDDatagramBoundedByPortMTU(t *testing.T) {
+	r := newDGRigMTU(t, QPTypeUD, conn.PipeConfig{}, MTU1024)
+	ah, err := r.d.CreateAH(1, &AHAttr{Dest: r.from})
+	require.NoError(t, err)
+	sge := func(n uint32) []SGE { return []SGE{{Addr: r.mr.Addr() + 8192, Length: n, LKey: r.mr.LKey()}} }
+	wr := SendWR{Opcode: WRSend, SGL: sge(1024), AH: ah, RemoteQPN: 0x11, RemoteQKey: dgQKey}
+	_, err = r.qp.PostSend(wr)
+	require.NoError(t, err, "1024 bytes: the active MTU")
+	wr.SGL = sge(1025)
+	_, err = r.qp.PostSend(wr)
+	require.ErrorIs(t, err, ErrMsgSize, "1025 bytes on a port whose active MTU is 1024")
+
+	r.postRecv(1, 0, 4096)
+	payload := pattern(2048, 3)
+	r.deliver(r.ud(dgQKey, 0x1234, payload, false))
+	wcs := r.poll()
+	var got []WC
+	for _, wc := range wcs {
+		if wc.Opcode == WCRecv {
+			got = append(got, wc)
+		}
+	}
+	require.Len(t, got, 1, "a 2048-byte datagram fits the 4096-byte receive WQE")
+	require.Equal(t, uint32(GRHSize+2048), got[0].ByteLen)
+	require.Equal(t, payload, r.mem[GRHSize:GRHSize+2048])
 }
 
 // TestUCLostPacketDropsMessage: UC drops a message with a lost packet

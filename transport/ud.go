@@ -19,7 +19,9 @@ import (
 // with a DETH that carries the Q_Key and the source QPN; it goes where the
 // work request's address handle says, to the QPN it names, and completes
 // as soon as it is built (nothing acknowledges it). Its payload is at most
-// the path MTU, which PostSend checks. The PSN counts up from sq_psn and
+// the port's active MTU (IBTA C10-93.1.1), which PostSend checks; a
+// received datagram may be longer (up to 4096 bytes) if it fits the
+// receive WQE. The PSN counts up from sq_psn and
 // is not checked by the receiver.
 //
 // A UD receive checks the Q_Key, takes a receive WQE, and places the 40
@@ -43,8 +45,8 @@ var (
 	ErrBadAH = errors.New("address handle missing, destroyed or of another PD")
 	// ErrBadAHAttr reports address-vector attributes CreateAH cannot use.
 	ErrBadAHAttr = errors.New("invalid address handle attributes")
-	// ErrMsgSize reports a UD send longer than the path MTU (a datagram is
-	// one packet).
+	// ErrMsgSize reports a UD send longer than the port's active MTU (a
+	// datagram is one packet; IBTA C10-93.1.1).
 	ErrMsgSize = errors.New("message longer than the path MTU")
 )
 
