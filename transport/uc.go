@@ -165,7 +165,8 @@ func (qp *QP) runRequesterUC(b *txBatch) bool {
 }
 
 // handleUnreliable is handle's second half for UC and UD QPs: the state,
-// length and (UC) peer checks, the suspension gate, and the responder. A
+// (UD) Q_Key, length and (UC) peer checks, the suspension gate, and the
+// responder. A
 // paused packet is held (PolicyHold) or dropped: there is no RNR NAK on
 // the unreliable services.
 func (d *Device) handleUnreliable(qp *QP, pkt *conn.Packet, p *wire.Packet) {
@@ -179,6 +180,16 @@ func (d *Device) handleUnreliable(qp *QP, pkt *conn.Packet, p *wire.Packet) {
 		return
 	}
 	path := qp.path.Load()
+	if qp.typ == QPTypeUD && p.DETH().QKey() != path.qkey {
+		// IBTA 10.2.5: a datagram whose Q_Key is not the QP's is
+		// silently dropped. A header check, as the P_Key's (rxe
+		// check_keys, in hdr_check: counted in the port's
+		// qkey_viol_cntr, never in rcvd_pkts), so before the
+		// suspension gate: such a datagram is neither held nor
+		// counted as suspended.
+		c.drop(DropBadQKey)
+		return
+	}
 	maxPayload := path.mtu
 	if qp.typ == QPTypeUD {
 		// A datagram longer than this port's MTU is taken if it fits

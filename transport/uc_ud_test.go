@@ -276,6 +276,34 @@ func TestUDQKeyMismatchDropped(t *testing.T) {
 	require.Equal(t, uint32(GRHSize+8), wcs[0].ByteLen)
 }
 
+// TestUDBadQKeyIsAHeaderCheck: the Q_Key is checked with the headers, as
+// the P_Key is (rxe check_keys, in hdr_check, before rcvd_pkts counts the
+// packet; IBTA 10.2.5): a datagram with a wrong Q_Key counts as bad_qkey
+// only, not as a received packet, and a suspension of the device does not
+// hold it for replay or count it as suspended: it is dropped as bad_qkey
+// at once.
+func TestUDBadQKeyIsAHeaderCheck(t *testing.T) {
+	r := newDGRig(t, QPTypeUD, conn.PipeConfig{})
+	r.postRecv(1, 0, 1024)
+	r.deliver(r.ud(dgQKey^0x100, 0x1234, pattern(8, 0), false))
+	require.Equal(t, uint64(1), r.drops(DropBadQKey))
+	require.Zero(t, r.d.counters.RcvdPkts.Load(), "rcvd_pkts counts packets that passed the header checks")
+
+	s, err := r.d.Suspend(placement.ScopeDevice, nil, PolicyNAK)
+	require.NoError(t, err)
+	r.deliver(r.ud(dgQKey^0x100, 0x1234, pattern(8, 0), false))
+	require.Equal(t, uint64(2), r.drops(DropBadQKey), "dropped for its Q_Key, suspended or not")
+	require.Zero(t, r.drops(DropSuspended))
+	_, err = r.d.Resume(s)
+	require.NoError(t, err)
+	require.Zero(t, r.d.counters.RcvdPkts.Load())
+	require.Empty(t, r.poll())
+
+	r.deliver(r.ud(dgQKey, 0x1234, pattern(8, 0), false))
+	require.Len(t, r.poll(), 1)
+	require.Equal(t, uint64(1), r.d.counters.RcvdPkts.Load())
+}
+
 // TestUDOversizedDatagramDropped: a datagram whose payload and 40-byte GRH
 // exceed the receive buffer is dropped and counted, without an error
 // completion and without moving the QP to ERR; the WQE stays posted and the

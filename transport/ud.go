@@ -268,18 +268,12 @@ func (qp *QP) retireSent() {
 	}
 }
 
-// respondUD runs the UD responder on one UD SEND (rxe: check_keys, then
-// CHK_RESOURCE, CHK_LENGTH, EXECUTE with the GRH, COMPLETE). Called by the
-// receive loop with respMu held.
+// respondUD runs the UD responder on one UD SEND whose Q_Key
+// handleUnreliable checked (rxe: CHK_RESOURCE, CHK_LENGTH, EXECUTE with
+// the GRH, COMPLETE). Called by the receive loop with respMu held.
 func (qp *QP) respondUD(p *wire.Packet, pkt *conn.Packet, path *path) {
 	ctr := &qp.dev.counters
 	deth := p.DETH()
-	if deth.QKey() != path.qkey {
-		// IBTA 10.2.5: a datagram whose Q_Key is not the QP's is
-		// silently dropped (rxe counts it in the port's qkey_viol_cntr).
-		ctr.drop(DropBadQKey)
-		return
-	}
 	r := &qp.resp
 	if !r.haveRecv {
 		if !qp.popRecv(&r.recv) {
