@@ -23,7 +23,8 @@ import (
 // expected PSN and continue the message of its kind, else the message it
 // belongs to is lost: that packet and every packet up to the next FIRST or
 // ONLY are dropped. A SEND whose receive buffer is too small, a WRITE that
-// fails its rkey or bounds checks, or a message arriving with no receive
+// fails its rkey or bounds checks, a FIRST or MIDDLE that does not carry
+// the path MTU or an empty LAST, or a message arriving with no receive
 // WQE is dropped likewise (IBTA's class D errors, without SRQ). The QP
 // stays in RTS; an abandoned SEND's receive WQE is used again by the next
 // SEND (rxe do_class_d1e_error), its partial data overwritten. Only a
@@ -317,8 +318,12 @@ func (qp *QP) respondUC(p *wire.Packet, path *path) {
 		r.haveRecv = true
 		r.recvOff = 0
 	}
-	// CHK_LENGTH: FIRST and MIDDLE carry exactly one path MTU.
-	if info.Mask&(wire.MaskFirst|wire.MaskMiddle) != 0 && info.Mask&wire.MaskLast == 0 && len(p.Payload) != path.mtu {
+	// CHK_LENGTH: FIRST and MIDDLE carry exactly one path MTU, a LAST
+	// at least one byte (an empty message is an ONLY; rxe check_length,
+	// class D on UC). The path MTU bounds every packet (handleUnreliable).
+	n := len(p.Payload)
+	if info.Mask&(wire.MaskFirst|wire.MaskMiddle) != 0 && info.Mask&wire.MaskLast == 0 && n != path.mtu ||
+		info.Mask&wire.MaskOnly == wire.MaskLast && n == 0 {
 		qp.ucDrop(DropLength)
 		return
 	}

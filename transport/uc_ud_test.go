@@ -562,6 +562,18 @@ func TestUCResponderTable(t *testing.T) {
 			return [][]byte{r.uc(wire.OpSendFirst, 1000, mtu, nil), r.uc(wire.OpSendMiddle, 1001, mtu, nil),
 				r.uc(wire.OpSendLast, 1002, mtu[:4], nil)}
 		}, DropRecvTooSmall, 1},
+		// A LAST carries 1 to PMTU bytes: a requester ends a message
+		// of a multiple of the PMTU with a full LAST and sends an empty
+		// one as an ONLY (rxe check_length: "last packet zero or too
+		// long", class D on UC). Without the check the empty LAST
+		// completed the WRITE with immediate into WQE 1.
+		{"SEND LAST without payload", func(r *dgRig) [][]byte {
+			return [][]byte{r.uc(wire.OpSendFirst, 1000, mtu, nil), r.uc(wire.OpSendLast, 1001, nil, nil)}
+		}, DropLength, 1},
+		{"WRITE LAST with immediate without payload", func(r *dgRig) [][]byte {
+			return [][]byte{r.uc(wire.OpRDMAWriteFirst, 1000, mtu, &wire.RETHFields{VA: r.mr.Addr() + 8192, RKey: r.mr.RKey(), DMALength: 1024}),
+				r.uc(wire.OpRDMAWriteLastWithImmediate, 1001, nil, nil)}
+		}, DropLength, 1},
 		{"WRITE with a bad rkey", func(r *dgRig) [][]byte {
 			return [][]byte{r.uc(wire.OpRDMAWriteOnly, 1000, mtu[:8], &wire.RETHFields{VA: r.mr.Addr(), RKey: r.mr.RKey() ^ 1, DMALength: 8})}
 		}, DropAccess, 1},
