@@ -271,9 +271,10 @@ const GSIQPN = 1
 // CreateGSIQP creates the device's GSI QP, the UD QP numbered 1 (IBTA
 // 13.5.1). On Linux the kernel owns QP1 and ib_cm / rdma_cm use it;
 // here the connection manager (package rdmacm) creates it with this
-// call. init.Type must be QPTypeUD; the QP is made ready as any UD QP
-// (Q_Key 0x80010000, the GSI's well-known Q_Key, IBTA 13.5.1.2). Errors:
-// ErrBadAttr as CreateQP, and ErrBusy when QP1 exists already.
+// call. init.Type must be QPTypeUD; the QP is made ready as any UD QP.
+// It takes and sends datagrams with the GSI's well-known Q_Key 0x80010000
+// (IBTA 13.5.1.2) whatever Q_Key its attributes hold, as rxe's QP1 does.
+// Errors: ErrBadAttr as CreateQP, and ErrBusy when QP1 exists already.
 func (d *Device) CreateGSIQP(pd uint32, init *QPInitAttr) (*QP, error) {
 	if init.Type != QPTypeUD {
 		return nil, fmt.Errorf("%w: the GSI QP is a UD QP", ErrBadAttr)

@@ -181,7 +181,7 @@ func (d *Device) handleUnreliable(qp *QP, pkt *conn.Packet, p *wire.Packet) {
 		return
 	}
 	path := qp.path.Load()
-	if qp.typ == QPTypeUD && p.DETH().QKey() != path.qkey {
+	if qp.typ == QPTypeUD && p.DETH().QKey() != qp.qkeyOf(path) {
 		// IBTA 10.2.5: a datagram whose Q_Key is not the QP's is
 		// silently dropped. A header check, as the P_Key's (rxe
 		// check_keys, in hdr_check: counted in the port's

@@ -305,6 +305,45 @@ func TestUDBadQKeyIsAHeaderCheck(t *testing.T) {
 	require.Empty(t, r.poll())
 }
 
+// TestGSIQPUsesTheGSIQKey: QP1 takes and sends datagrams with the GSI's
+// well-known Q_Key 0x80010000 (IBTA 13.5.1.2) whatever Q_Key its
+// attributes hold, as rxe does: check_keys compares the DETH of a datagram
+// for QPN 1 with GSI_QKEY, and init_req_packet puts GSI_QKEY in every DETH
+// QP1 sends.
+func TestGSIQPUsesTheGSIQKey(t *testing.T) {
+	r := newDGRig(t, QPTypeUD, conn.PipeConfig{})
+	gsi, err := r.d.CreateGSIQP(1, &QPInitAttr{SendCQ: r.cq, RecvCQ: r.cq, Type: QPTypeUD,
+		Cap: Cap{MaxSendWR: 4, MaxRecvWR: 4, MaxSendSGE: 1, MaxRecvSGE: 1}})
+	require.NoError(t, err)
+	require.NoError(t, gsi.Modify(&QPAttr{State: QPStateInit, Port: 1, QKey: dgQKey},
+		QPAttrState|QPAttrPKeyIndex|QPAttrPort|QPAttrQKey))
+	require.NoError(t, gsi.Modify(&QPAttr{State: QPStateRTR}, QPAttrState))
+	require.NoError(t, gsi.Modify(&QPAttr{State: QPStateRTS, SQPSN: 0}, QPAttrState|QPAttrSQPSN))
+	r.qp = gsi
+	r.postRecv(1, 0, 1024)
+
+	r.deliver(r.ud(dgQKey, 0x1234, pattern(8, 0), false))
+	require.Equal(t, uint64(1), r.drops(DropBadQKey), "QP1's attribute is not its Q_Key")
+	r.deliver(r.ud(0x80010000, 0x1234, pattern(8, 0), false))
+	wcs := r.poll()
+	require.Len(t, wcs, 1, "the GSI Q_Key")
+	require.Equal(t, uint64(1), wcs[0].WRID)
+
+	ah, err := r.d.CreateAH(1, &AHAttr{Dest: r.from})
+	require.NoError(t, err)
+	_, err = gsi.PostSend(SendWR{Opcode: WRSend, SGL: []SGE{{Addr: r.mr.Addr() + 8192, Length: 256, LKey: r.mr.LKey()}},
+		AH: ah, RemoteQPN: 1, RemoteQKey: 0x22222222})
+	require.NoError(t, err)
+	pkts := make([]conn.Packet, 1)
+	n, err := r.peer.Receive(pkts)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	var p wire.Packet
+	require.NoError(t, wire.Parse(pkts[0].Buf, &p))
+	require.Equal(t, uint32(0x80010000), p.DETH().QKey(), "QP1 sends the GSI Q_Key")
+	require.Equal(t, wire.QPN(1), p.DETH().SrcQP())
+}
+
 // TestUDOversizedDatagramDropped: a datagram whose payload and 40-byte GRH
 // exceed the receive buffer is dropped and counted, without an error
 // completion and without moving the QP to ERR; the WQE stays posted and the
