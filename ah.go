@@ -15,7 +15,8 @@ import (
 // UC's attributes) and carries SEND and RDMA WRITE, with or without
 // immediate, without acknowledgements: a lost packet loses its message.
 // A UD QP (QPTypeUD) is made ready with InitUD (a Q_Key and a first PSN)
-// and sends datagrams of at most the path MTU (4096) to the address handle,
+// and sends datagrams of at most the port's active MTU (DeviceAttr.ActiveMTU:
+// 4096, or less on a link with a smaller MTU) to the address handle,
 // QPN and Q_Key each work request names; a receive gets the 40-byte GRH
 // (ibv_grh: on RoCEv2 the IP header the datagram arrived with) before the
 // payload, and its WC has WCWithGRH and the sender's QPN in SrcQP.
@@ -39,7 +40,7 @@ const GRHSize = transport.GRHSize
 // Errors of UD work requests, for errors.Is.
 var (
 	ErrBadAH   = transport.ErrBadAH   // missing, destroyed or of another PD
-	ErrMsgSize = transport.ErrMsgSize // UD payload above the path MTU
+	ErrMsgSize = transport.ErrMsgSize // UD payload above the port's active MTU
 )
 
 // ErrBadAHAttr reports an address vector CreateAH cannot use.

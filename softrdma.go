@@ -425,7 +425,9 @@ func (d *Device) CreateQP(pd *PD, init QPInitAttr) (*QP, error) {
 // CreateGSIQP creates the device's GSI QP, QP1 (IBTA 13.5.1): a UD QP in
 // RESET on which management datagrams arrive. Linux keeps QP1 in the
 // kernel (ib_mad); here the connection manager, package rdmacm, owns it.
-// Make it ready with InitUD(qp, GSIQKey, psn). Errors: ErrBadPD; an
+// Make it ready with InitUD(qp, GSIQKey, psn); it takes and sends
+// datagrams with GSIQKey whatever Q_Key its attributes hold (as rxe's
+// QP1). Errors: ErrBadPD; an
 // invalid capacity (transport.ErrBadAttr); transport.ErrBusy when QP1
 // exists (one connection manager per device).
 func (d *Device) CreateGSIQP(pd *PD, init QPInitAttr) (*QP, error) {

@@ -364,7 +364,7 @@ func TestUDBetweenDevices(t *testing.T) {
 }
 
 // TestUDPostAboveMTURefused: a UD datagram is one packet: a payload above
-// the path MTU (4096) is refused at post, and so are address handles
+// the port's active MTU (4096 on a pipe) is refused at post, and so are address handles
 // without the GRH RoCE needs.
 func TestUDPostAboveMTURefused(t *testing.T) {
 	a, b, _, _ := dgPair(t, softrdma.QPTypeUD, "pipe", nil)

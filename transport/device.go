@@ -272,9 +272,10 @@ const GSIQPN = 1
 // CreateGSIQP creates the device's GSI QP, the UD QP numbered 1 (IBTA
 // 13.5.1). On Linux the kernel owns QP1 and ib_cm / rdma_cm use it;
 // here the connection manager (package rdmacm) creates it with this
-// call. init.Type must be QPTypeUD; the QP is made ready as any UD QP
-// (Q_Key 0x80010000, the GSI's well-known Q_Key, IBTA 13.5.1.2). Errors:
-// ErrBadAttr as CreateQP, and ErrBusy when QP1 exists already.
+// call. init.Type must be QPTypeUD; the QP is made ready as any UD QP.
+// It takes and sends datagrams with the GSI's well-known Q_Key 0x80010000
+// (IBTA 13.5.1.2) whatever Q_Key its attributes hold, as rxe's QP1 does.
+// Errors: ErrBadAttr as CreateQP, and ErrBusy when QP1 exists already.
 func (d *Device) CreateGSIQP(pd uint32, init *QPInitAttr) (*QP, error) {
 	if init.Type != QPTypeUD {
 		return nil, fmt.Errorf("%w: the GSI QP is a UD QP", ErrBadAttr)
@@ -332,7 +333,14 @@ func (d *Device) createQP(pd uint32, init *QPInitAttr, qpn uint32) (*QP, error) 
 	qp.resp.recv.sgl = make([]SGE, c.MaxRecvSGE)
 	qp.bindCursors()
 	qp.resp.res = make([]rdRes, 1)
-	qp.path.Store(&path{mtu: 4096})
+	mtu := MTU4096.Bytes()
+	if init.Type == QPTypeUD {
+		// A UD message is bounded by the port's MTU (IBTA C10-93.1.1;
+		// rxe get_mtu: port.mtu_cap for UD); Modify never sets a UD
+		// QP's path MTU (Table 91 has none for UD).
+		mtu = d.ActiveMTU().Bytes()
+	}
+	qp.path.Store(&path{mtu: mtu})
 	qp.timer = time.AfterFunc(time.Hour, qp.onTimer)
 	qp.timer.Stop()
 

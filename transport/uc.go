@@ -23,7 +23,8 @@ import (
 // expected PSN and continue the message of its kind, else the message it
 // belongs to is lost: that packet and every packet up to the next FIRST or
 // ONLY are dropped. A SEND whose receive buffer is too small, a WRITE that
-// fails its rkey or bounds checks, or a message arriving with no receive
+// fails its rkey or bounds checks, a FIRST or MIDDLE that does not carry
+// the path MTU or an empty LAST, or a message arriving with no receive
 // WQE is dropped likewise (IBTA's class D errors, without SRQ). The QP
 // stays in RTS; an abandoned SEND's receive WQE is used again by the next
 // SEND (rxe do_class_d1e_error), its partial data overwritten. Only a
@@ -97,8 +98,10 @@ func (qp *QP) checkWRType(wr *SendWR) error {
 	return nil
 }
 
-// checkWRLength refuses a UD send longer than the path MTU (a datagram is
-// one packet; rxe refuses it too). total is the message length in bytes.
+// checkWRLength refuses a UD send longer than the port's active MTU, which
+// is a UD QP's path MTU (a datagram is one packet; IBTA C10-93.1.1 bounds
+// it by the port's MTU: rxe emits no packet for it, softrdma refuses it at
+// post). total is the message length in bytes.
 func (qp *QP) checkWRLength(total uint64) error {
 	if qp.typ == QPTypeUD {
 		if mtu := qp.path.Load().mtu; total > uint64(mtu) {
@@ -163,7 +166,8 @@ func (qp *QP) runRequesterUC(b *txBatch) bool {
 }
 
 // handleUnreliable is handle's second half for UC and UD QPs: the state,
-// length and (UC) peer checks, the suspension gate, and the responder. A
+// (UD) Q_Key, length and (UC) peer checks, the suspension gate, and the
+// responder. A
 // paused packet is held (PolicyHold) or dropped: there is no RNR NAK on
 // the unreliable services.
 func (d *Device) handleUnreliable(qp *QP, pkt *conn.Packet, p *wire.Packet) {
@@ -177,7 +181,25 @@ func (d *Device) handleUnreliable(qp *QP, pkt *conn.Packet, p *wire.Packet) {
 		return
 	}
 	path := qp.path.Load()
-	if len(p.Payload) > path.mtu {
+	if qp.typ == QPTypeUD && p.DETH().QKey() != qp.qkeyOf(path) {
+		// IBTA 10.2.5: a datagram whose Q_Key is not the QP's is
+		// silently dropped. A header check, as the P_Key's (rxe
+		// check_keys, in hdr_check: counted in the port's
+		// qkey_viol_cntr, never in rcvd_pkts), so before the
+		// suspension gate: such a datagram is neither held nor
+		// counted as suspended.
+		c.drop(DropBadQKey)
+		return
+	}
+	maxPayload := path.mtu
+	if qp.typ == QPTypeUD {
+		// A datagram longer than this port's MTU is taken if it fits
+		// the receive WQE (rxe's check_length checks UD requests only
+		// against the receive buffer, IBA C9-92); 4096 is the largest
+		// IBTA MTU.
+		maxPayload = MTU4096.Bytes()
+	}
+	if len(p.Payload) > maxPayload {
 		c.drop(DropTooLong)
 		return
 	}
@@ -296,8 +318,12 @@ func (qp *QP) respondUC(p *wire.Packet, path *path) {
 		r.haveRecv = true
 		r.recvOff = 0
 	}
-	// CHK_LENGTH: FIRST and MIDDLE carry exactly one path MTU.
-	if info.Mask&(wire.MaskFirst|wire.MaskMiddle) != 0 && info.Mask&wire.MaskLast == 0 && len(p.Payload) != path.mtu {
+	// CHK_LENGTH: FIRST and MIDDLE carry exactly one path MTU, a LAST
+	// at least one byte (an empty message is an ONLY; rxe check_length,
+	// class D on UC). The path MTU bounds every packet (handleUnreliable).
+	n := len(p.Payload)
+	if info.Mask&(wire.MaskFirst|wire.MaskMiddle) != 0 && info.Mask&wire.MaskLast == 0 && n != path.mtu ||
+		info.Mask&wire.MaskOnly == wire.MaskLast && n == 0 {
 		qp.ucDrop(DropLength)
 		return
 	}

@@ -44,10 +44,16 @@ const (
 )
 
 func newDGRig(t testing.TB, typ QPType, pc conn.PipeConfig) *dgRig {
+	return newDGRigMTU(t, typ, pc, 0)
+}
+
+// newDGRigMTU is newDGRig on a device whose port's active MTU is mtu (0:
+// 4096).
+func newDGRigMTU(t testing.TB, typ QPType, pc conn.PipeConfig, mtu MTU) *dgRig {
 	a, b, err := conn.NewPipeWith(pc)
 	require.NoError(t, err)
 	e := placement.New(placement.Config{})
-	d, err := NewDevice(Config{Conn: b, Placement: e})
+	d, err := NewDevice(Config{Conn: b, Placement: e, ActiveMTU: mtu})
 	require.NoError(t, err)
 	t.Cleanup(func() { d.Close(); a.Close() })
 	r := &dgRig{t: t, d: d, peer: a, from: a.LocalAddr(), place: e, peerQP: 0x99}
@@ -270,6 +276,74 @@ func TestUDQKeyMismatchDropped(t *testing.T) {
 	require.Equal(t, uint32(GRHSize+8), wcs[0].ByteLen)
 }
 
+// TestUDBadQKeyIsAHeaderCheck: the Q_Key is checked with the headers, as
+// the P_Key is (rxe check_keys, in hdr_check, before rcvd_pkts counts the
+// packet; IBTA 10.2.5): a datagram with a wrong Q_Key counts as bad_qkey
+// only, not as a received packet, and a suspension of the device does not
+// hold it for replay or count it as suspended: it is dropped as bad_qkey
+// at once.
+func TestUDBadQKeyIsAHeaderCheck(t *testing.T) {
+	r := newDGRig(t, QPTypeUD, conn.PipeConfig{})
+	r.postRecv(1, 0, 1024)
+	r.deliver(r.ud(dgQKey^0x100, 0x1234, pattern(8, 0), false))
+	require.Equal(t, uint64(1), r.drops(DropBadQKey))
+	require.Zero(t, r.d.counters.RcvdPkts.Load(), "rcvd_pkts counts packets that passed the header checks")
+	r.deliver(r.ud(dgQKey, 0x1234, pattern(8, 0), false))
+	require.Len(t, r.poll(), 1)
+	require.Equal(t, uint64(1), r.d.counters.RcvdPkts.Load())
+
+	// Resume wakes the receive loop: nothing is delivered by hand after it.
+	s, err := r.d.Suspend(placement.ScopeDevice, nil, PolicyNAK)
+	require.NoError(t, err)
+	r.deliver(r.ud(dgQKey^0x100, 0x1234, pattern(8, 0), false))
+	require.Equal(t, uint64(2), r.drops(DropBadQKey), "dropped for its Q_Key, suspended or not")
+	require.Zero(t, r.drops(DropSuspended))
+	require.Zero(t, r.d.SuspendCounters().Dropped)
+	_, err = r.d.Resume(s)
+	require.NoError(t, err)
+	require.Equal(t, uint64(1), r.d.counters.RcvdPkts.Load())
+	require.Empty(t, r.poll())
+}
+
+// TestGSIQPUsesTheGSIQKey: QP1 takes and sends datagrams with the GSI's
+// well-known Q_Key 0x80010000 (IBTA 13.5.1.2) whatever Q_Key its
+// attributes hold, as rxe does: check_keys compares the DETH of a datagram
+// for QPN 1 with GSI_QKEY, and init_req_packet puts GSI_QKEY in every DETH
+// QP1 sends.
+func TestGSIQPUsesTheGSIQKey(t *testing.T) {
+	r := newDGRig(t, QPTypeUD, conn.PipeConfig{})
+	gsi, err := r.d.CreateGSIQP(1, &QPInitAttr{SendCQ: r.cq, RecvCQ: r.cq, Type: QPTypeUD,
+		Cap: Cap{MaxSendWR: 4, MaxRecvWR: 4, MaxSendSGE: 1, MaxRecvSGE: 1}})
+	require.NoError(t, err)
+	require.NoError(t, gsi.Modify(&QPAttr{State: QPStateInit, Port: 1, QKey: dgQKey},
+		QPAttrState|QPAttrPKeyIndex|QPAttrPort|QPAttrQKey))
+	require.NoError(t, gsi.Modify(&QPAttr{State: QPStateRTR}, QPAttrState))
+	require.NoError(t, gsi.Modify(&QPAttr{State: QPStateRTS, SQPSN: 0}, QPAttrState|QPAttrSQPSN))
+	r.qp = gsi
+	r.postRecv(1, 0, 1024)
+
+	r.deliver(r.ud(dgQKey, 0x1234, pattern(8, 0), false))
+	require.Equal(t, uint64(1), r.drops(DropBadQKey), "QP1's attribute is not its Q_Key")
+	r.deliver(r.ud(0x80010000, 0x1234, pattern(8, 0), false))
+	wcs := r.poll()
+	require.Len(t, wcs, 1, "the GSI Q_Key")
+	require.Equal(t, uint64(1), wcs[0].WRID)
+
+	ah, err := r.d.CreateAH(1, &AHAttr{Dest: r.from})
+	require.NoError(t, err)
+	_, err = gsi.PostSend(SendWR{Opcode: WRSend, SGL: []SGE{{Addr: r.mr.Addr() + 8192, Length: 256, LKey: r.mr.LKey()}},
+		AH: ah, RemoteQPN: 1, RemoteQKey: 0x22222222})
+	require.NoError(t, err)
+	pkts := make([]conn.Packet, 1)
+	n, err := r.peer.Receive(pkts)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	var p wire.Packet
+	require.NoError(t, wire.Parse(pkts[0].Buf, &p))
+	require.Equal(t, uint32(0x80010000), p.DETH().QKey(), "QP1 sends the GSI Q_Key")
+	require.Equal(t, wire.QPN(1), p.DETH().SrcQP())
+}
+
 // TestUDOversizedDatagramDropped: a datagram whose payload and 40-byte GRH
 // exceed the receive buffer is dropped and counted, without an error
 // completion and without moving the QP to ERR; the WQE stays posted and the
@@ -429,6 +503,42 @@ func TestUDPostChecks(t *testing.T) {
 	}
 }
 
+// TestUDDatagramBoundedByPortMTU: a UD message is bounded by the MTU of
+// the port (IBTA C10-93.1.1, "the MTU of the port as returned by
+// QueryHCA"; rxe's requester takes port.mtu_cap for UD, get_mtu), not by
+// 4096: on a 1500-byte Ethernet link the active MTU is 1024 and a longer
+// datagram would not fit the link. PostSend refuses one byte more than
+// the active MTU. A receive still takes a datagram longer than the local
+// port's MTU (up to 4096) when it fits the receive WQE: rxe checks the
+// payload of UD requests only against the receive buffer (check_length,
+// IBA C9-92).
+func TestUDDatagramBoundedByPortMTU(t *testing.T) {
+	r := newDGRigMTU(t, QPTypeUD, conn.PipeConfig{}, MTU1024)
+	ah, err := r.d.CreateAH(1, &AHAttr{Dest: r.from})
+	require.NoError(t, err)
+	sge := func(n uint32) []SGE { return []SGE{{Addr: r.mr.Addr() + 8192, Length: n, LKey: r.mr.LKey()}} }
+	wr := SendWR{Opcode: WRSend, SGL: sge(1024), AH: ah, RemoteQPN: 0x11, RemoteQKey: dgQKey}
+	_, err = r.qp.PostSend(wr)
+	require.NoError(t, err, "1024 bytes: the active MTU")
+	wr.SGL = sge(1025)
+	_, err = r.qp.PostSend(wr)
+	require.ErrorIs(t, err, ErrMsgSize, "1025 bytes on a port whose active MTU is 1024")
+
+	r.postRecv(1, 0, 4096)
+	payload := pattern(2048, 3)
+	r.deliver(r.ud(dgQKey, 0x1234, payload, false))
+	wcs := r.poll()
+	var got []WC
+	for _, wc := range wcs {
+		if wc.Opcode == WCRecv {
+			got = append(got, wc)
+		}
+	}
+	require.Len(t, got, 1, "a 2048-byte datagram fits the 4096-byte receive WQE")
+	require.Equal(t, uint32(GRHSize+2048), got[0].ByteLen)
+	require.Equal(t, payload, r.mem[GRHSize:GRHSize+2048])
+}
+
 // TestUCLostPacketDropsMessage: UC drops a message with a lost packet
 // whole (IBTA chapter 9, unreliable service; rxe check_psn for UC: after a PSN gap nothing is
 // accepted until the next FIRST or ONLY), keeps its receive WQE for the
@@ -492,6 +602,18 @@ func TestUCResponderTable(t *testing.T) {
 			return [][]byte{r.uc(wire.OpSendFirst, 1000, mtu, nil), r.uc(wire.OpSendMiddle, 1001, mtu, nil),
 				r.uc(wire.OpSendLast, 1002, mtu[:4], nil)}
 		}, DropRecvTooSmall, 1},
+		// A LAST carries 1 to PMTU bytes: a requester ends a message
+		// of a multiple of the PMTU with a full LAST and sends an empty
+		// one as an ONLY (rxe check_length: "last packet zero or too
+		// long", class D on UC). Without the check the empty LAST
+		// completed the WRITE with immediate into WQE 1.
+		{"SEND LAST without payload", func(r *dgRig) [][]byte {
+			return [][]byte{r.uc(wire.OpSendFirst, 1000, mtu, nil), r.uc(wire.OpSendLast, 1001, nil, nil)}
+		}, DropLength, 1},
+		{"WRITE LAST with immediate without payload", func(r *dgRig) [][]byte {
+			return [][]byte{r.uc(wire.OpRDMAWriteFirst, 1000, mtu, &wire.RETHFields{VA: r.mr.Addr() + 8192, RKey: r.mr.RKey(), DMALength: 1024}),
+				r.uc(wire.OpRDMAWriteLastWithImmediate, 1001, nil, nil)}
+		}, DropLength, 1},
 		{"WRITE with a bad rkey", func(r *dgRig) [][]byte {
 			return [][]byte{r.uc(wire.OpRDMAWriteOnly, 1000, mtu[:8], &wire.RETHFields{VA: r.mr.Addr(), RKey: r.mr.RKey() ^ 1, DMALength: 8})}
 		}, DropAccess, 1},

@@ -10,6 +10,7 @@ import (
 	"github.com/softrdma/softrdma/placement"
 	"github.com/softrdma/softrdma/transport/conn"
 	"github.com/softrdma/softrdma/transport/wire"
+	"github.com/softrdma/softrdma/transport/wire/mad"
 )
 
 // The Unreliable Datagram service (IBTA vol. 1 chapter 9; Q_Keys 10.2.5;
@@ -19,11 +20,14 @@ import (
 // with a DETH that carries the Q_Key and the source QPN; it goes where the
 // work request's address handle says, to the QPN it names, and completes
 // as soon as it is built (nothing acknowledges it). Its payload is at most
-// the path MTU, which PostSend checks. The PSN counts up from sq_psn and
-// is not checked by the receiver.
+// the port's active MTU (IBTA C10-93.1.1), which PostSend checks; a
+// received datagram may be longer (up to 4096 bytes) if it fits the
+// receive WQE. The PSN counts up from sq_psn and is not checked by the
+// receiver.
 //
-// A UD receive checks the Q_Key, takes a receive WQE, and places the 40
-// bytes of the GRH and then the payload: on RoCEv2 the GRH area holds the
+// A UD receive checks the Q_Key (QP1's is always the GSI's, 0x80010000),
+// takes a receive WQE, and places the 40 bytes of the GRH and then the
+// payload: on RoCEv2 the GRH area holds the
 // packet's IP header as it arrived, as rxe copies it (for IPv4, 20 zero
 // bytes and the 20-byte IPv4 header; for IPv6 the 40-byte IPv6 header).
 // The WC has WCWithGRH, ByteLen 40 + payload and SrcQP from the DETH.
@@ -43,8 +47,8 @@ var (
 	ErrBadAH = errors.New("address handle missing, destroyed or of another PD")
 	// ErrBadAHAttr reports address-vector attributes CreateAH cannot use.
 	ErrBadAHAttr = errors.New("invalid address handle attributes")
-	// ErrMsgSize reports a UD send longer than the path MTU (a datagram is
-	// one packet).
+	// ErrMsgSize reports a UD send longer than the port's active MTU (a
+	// datagram is one packet; IBTA C10-93.1.1).
 	ErrMsgSize = errors.New("message longer than the path MTU")
 )
 
@@ -52,6 +56,17 @@ var (
 // RemoteQKey has it set is sent with the QP's own Q_Key (IBTA 10.2.5,
 // "controlled Q_Keys"; ibv_post_send(3)).
 const controlledQKey = 0x80000000
+
+// qkeyOf returns the Q_Key the UD QP takes datagrams with and sends
+// controlled ones with: the GSI's well-known Q_Key 0x80010000 on QP1
+// whatever its attributes hold (IBTA 13.5.1.2; rxe check_keys and
+// init_req_packet use GSI_QKEY for QPN 1), else the QP's attribute.
+func (qp *QP) qkeyOf(path *path) uint32 {
+	if qp.qpn == GSIQPN {
+		return mad.GSIQKey
+	}
+	return path.qkey
+}
 
 // AHAttr is what the transport needs of an address vector (the root
 // package's AHAttr mirrors struct ibv_ah_attr).
@@ -189,8 +204,8 @@ func (qp *QP) sendDatagram(b *txBatch, path *path, w *sendWQE) bool {
 		PSN:            r.psn,
 	})
 	qkey := w.wr.RemoteQKey
-	if qkey&controlledQKey != 0 {
-		qkey = path.qkey
+	if qkey&controlledQKey != 0 || qp.qpn == GSIQPN {
+		qkey = qp.qkeyOf(path)
 	}
 	wire.DETH(buf[info.Offset[wire.HdrDETH]:]).Encode(qkey, qp.qpn)
 	if info.Mask&wire.MaskImmDt != 0 {
@@ -266,18 +281,12 @@ func (qp *QP) retireSent() {
 	}
 }
 
-// respondUD runs the UD responder on one UD SEND (rxe: check_keys, then
-// CHK_RESOURCE, CHK_LENGTH, EXECUTE with the GRH, COMPLETE). Called by the
-// receive loop with respMu held.
+// respondUD runs the UD responder on one UD SEND whose Q_Key
+// handleUnreliable checked (rxe: CHK_RESOURCE, CHK_LENGTH, EXECUTE with
+// the GRH, COMPLETE). Called by the receive loop with respMu held.
 func (qp *QP) respondUD(p *wire.Packet, pkt *conn.Packet, path *path) {
 	ctr := &qp.dev.counters
 	deth := p.DETH()
-	if deth.QKey() != path.qkey {
-		// IBTA 10.2.5: a datagram whose Q_Key is not the QP's is
-		// silently dropped (rxe counts it in the port's qkey_viol_cntr).
-		ctr.drop(DropBadQKey)
-		return
-	}
 	r := &qp.resp
 	if !r.haveRecv {
 		if !qp.popRecv(&r.recv) {
