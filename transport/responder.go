@@ -83,9 +83,12 @@ func (qp *QP) respond(p *wire.Packet, path *path, b *txBatch) {
 		r.recvOff = 0
 	}
 
-	// CHK_LENGTH: FIRST and MIDDLE carry exactly one path MTU (C9-88).
+	// CHK_LENGTH: FIRST and MIDDLE carry exactly one path MTU (C9-88), a
+	// LAST at least one byte (an empty message is an ONLY; rxe
+	// check_length). The path MTU bounds every packet (handle).
 	n := len(p.Payload)
-	if info.Mask&(wire.MaskFirst|wire.MaskMiddle) != 0 && info.Mask&wire.MaskLast == 0 && n != path.mtu {
+	if info.Mask&(wire.MaskFirst|wire.MaskMiddle) != 0 && info.Mask&wire.MaskLast == 0 && n != path.mtu ||
+		info.Mask&wire.MaskOnly == wire.MaskLast && n == 0 {
 		qp.respError(b, path, DropLength, wire.SyndromeNAKInvalidRequest, WCRemInvReqErr)
 		return
 	}

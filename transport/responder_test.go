@@ -456,3 +456,43 @@ func TestResponseSupersedesCoalescedACK(t *testing.T) {
 	require.Equal(t, deferred, r.d.counters.AckDeferred.Load(), "counted when superseded, not again at the flush")
 	require.Positive(t, deferred)
 }
+
+// TestResponderEmptyLASTIsALengthError: a LAST packet carries at least one
+// byte; an empty message is an ONLY (IBTA 9.7.5.2, C9-88; rxe's
+// check_length: "last packet zero or too long", class C on RC: NAK
+// invalid request, QP to ERR). An empty LAST after a FIRST that already
+// carried the whole RETH length, or ending a SEND, used to be accepted and
+// complete the message.
+func TestResponderEmptyLASTIsALengthError(t *testing.T) {
+	mtu := make([]byte, rigMTU)
+	for _, c := range []struct {
+		name        string
+		first, last wire.Opcode
+	}{
+		{"SEND", wire.OpSendFirst, wire.OpSendLast},
+		{"WRITE", wire.OpRDMAWriteFirst, wire.OpRDMAWriteLast},
+		{"WRITE with immediate", wire.OpRDMAWriteFirst, wire.OpRDMAWriteLastWithImmediate},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := newResponderRig(t)
+			_, err := r.qp.PostRecv(RecvWR{WRID: 7, SGL: []SGE{{Addr: r.mr.Addr(), Length: 4 * rigMTU, LKey: r.mr.LKey()}}})
+			require.NoError(t, err)
+			var reth func([]byte, *wire.OpInfo)
+			if c.first == wire.OpRDMAWriteFirst {
+				reth = r.reth(r.mr.Addr(), r.mr.RKey(), rigMTU)
+			}
+			r.deliver(r.build(c.first, 1000, mtu, false, reth))
+			before := r.drops(DropLength)
+			r.deliver(r.build(c.last, 1001, nil, true, nil))
+			require.Equal(t, before+1, r.drops(DropLength))
+			op, syn, psn := r.answer()
+			require.Equal(t, wire.OpAcknowledge, op)
+			require.Equal(t, wire.SyndromeNAKInvalidRequest, syn)
+			require.Equal(t, wire.PSN(1001), psn)
+			require.Equal(t, QPStateErr, r.qp.State())
+			for _, wc := range r.poll() {
+				require.NotEqual(t, WCSuccess, wc.Status, "the message does not complete")
+			}
+		})
+	}
+}
