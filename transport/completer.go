@@ -392,8 +392,18 @@ func (qp *QP) responderAlive() {
 	}
 }
 
-// progress re-arms or stops the retransmit timer after forward progress.
+// progress re-arms or stops the retransmit timer after forward progress,
+// and opens the slow-restart window.
 func (qp *QP) progress() {
+	if r := &qp.req; r.idx == qp.comp.idx && r.psn.Before(qp.comp.psn) {
+		// The requester was rewound (a timeout or a NAK) and this
+		// acknowledges past where it stands: a response to an earlier
+		// copy, late behind a backlog. Those PSNs are acknowledged; it
+		// resumes after them instead of sending them again (retire does
+		// the same when a whole WQE completes).
+		qp.rewind()
+	}
+	qp.growRestartWindow()
 	if qp.comp.idx >= qp.sq.head || (qp.comp.idx >= qp.req.idx && qp.comp.psn == qp.req.psn) {
 		if qp.comp.timerArmed {
 			qp.comp.timerArmed = false

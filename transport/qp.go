@@ -296,6 +296,14 @@ type reqState struct {
 	rdAtomic int      // READ/atomic WQEs in [comp.idx, idx) not yet completed
 	hiPSN    wire.PSN // one past the highest PSN ever sent (for counting retransmissions)
 	hiSet    bool
+	// restartWnd is the slow-restart window after a local ACK timeout:
+	// the PSNs the requester may have outstanding, from 1 after the
+	// timeout, growing by the PSNs each acknowledgement covers, until it
+	// reaches MaxUnackedPSNs and 0 again (no limit but the window). See
+	// onTimer.
+	restartWnd uint32
+	// restartAcked is comp.psn when restartWnd last grew.
+	restartAcked wire.PSN
 }
 
 // compState is the completer's state (rxe qp->comp). Guarded by sq.

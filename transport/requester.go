@@ -91,7 +91,7 @@ loop:
 			more = true
 			break
 		}
-		if qp.comp.psn.Distance(r.psn) >= MaxUnackedPSNs {
+		if qp.comp.psn.Distance(r.psn) >= qp.sendWindow() {
 			break // window full: the completer kicks us when it opens
 		}
 		w := &qp.sq.wqe[r.idx%nslots]
@@ -151,7 +151,7 @@ loop:
 			r.offset = 0
 		default:
 			for budget > 0 && !b.full() {
-				if qp.comp.psn.Distance(r.psn) >= MaxUnackedPSNs {
+				if qp.comp.psn.Distance(r.psn) >= qp.sendWindow() {
 					break
 				}
 				if !qp.sendSegment(b, path, w) {
@@ -233,7 +233,12 @@ func (qp *QP) sendSegment(b *txBatch, path *path, w *sendWQE) bool {
 		op = wire.OpSendMiddle
 	}
 	r.noack++
-	ackReq := last || r.noack >= AckEveryNPackets
+	// In slow restart the packet that fills the window asks for an ACK:
+	// the window opens only when one comes back (the requester may set
+	// the BTH AckReq bit on any request packet; rxe sets it on the last
+	// packet and every RXE_MAX_PKT_PER_ACK).
+	ackReq := last || r.noack >= AckEveryNPackets ||
+		(r.restartWnd != 0 && qp.comp.psn.Distance(r.psn.Add(1)) >= int32(r.restartWnd))
 	if ackReq {
 		r.noack = 0
 	}
@@ -352,6 +357,37 @@ func (qp *QP) rewind() {
 	}
 }
 
+// sendWindow returns the PSNs the requester may have outstanding: the
+// slow-restart window after a local ACK timeout, else MaxUnackedPSNs.
+// Caller holds sq.
+func (qp *QP) sendWindow() int32 {
+	if w := qp.req.restartWnd; w != 0 {
+		return int32(w)
+	}
+	return MaxUnackedPSNs
+}
+
+// growRestartWindow opens the slow-restart window by the PSNs acknowledged
+// since it last grew (RFC 5681 3.1's slow start: one segment per segment
+// acknowledged, so the window doubles each round trip); at MaxUnackedPSNs
+// the restart is over. Caller holds sq.
+func (qp *QP) growRestartWindow() {
+	r := &qp.req
+	if r.restartWnd == 0 {
+		return
+	}
+	n := r.restartAcked.Distance(qp.comp.psn)
+	if n <= 0 {
+		return
+	}
+	r.restartAcked = qp.comp.psn
+	if w := int64(r.restartWnd) + int64(n); w < MaxUnackedPSNs {
+		r.restartWnd = uint32(w)
+	} else {
+		r.restartWnd = 0
+	}
+}
+
 // armTimer (re)starts the retransmit or RNR timer. Caller holds sq.
 func (qp *QP) armTimer(d time.Duration) {
 	if d == 0 {
@@ -414,6 +450,18 @@ func (qp *QP) onTimer() {
 	qp.dev.counters.CompleterRetryErr.Add(1)
 	c.readRetryPending, c.nakRetryPending = false, false
 	qp.rewind()
+	// Slow restart: go-back-N resends from the oldest unacknowledged PSN
+	// (IBTA 9.7.5.1.3), one packet at first, the window growing as
+	// acknowledgements return. A timeout means the responder fell silent
+	// or behind: a lost tail, or a receiver that drains its socket slower
+	// than a window per timeout (a loaded host). Resending the whole
+	// window on every expiry would queue copies of the window at such a
+	// receiver faster than it drains them, until its socket holds seconds
+	// of stale requests and overflows (congestion collapse). TCP restarts
+	// from a loss window of one segment after its retransmission timer
+	// (RFC 5681 3.1), and RoCE NICs do the same (NVIDIA ConnectX's "slow
+	// restart", ROCE_ACCL roce_slow_restart_en).
+	qp.req.restartWnd, qp.req.restartAcked = 1, c.psn
 	c.timerArmed = false
 	qp.armTimer(qp.timeoutDuration())
 	qp.sq.Unlock()

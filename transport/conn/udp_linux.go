@@ -557,6 +557,11 @@ func (c *UDPConn) emitBatch(items []item) error {
 // emitFrom sends items, whose source port is port, through the socket of
 // that port (the conn's own for 0, or if the port is no longer held).
 func (c *UDPConn) emitFrom(port uint16, items []item) error {
+	if raceEnabled {
+		for i := range items {
+			raceReleaseTo(items[i].addr)
+		}
+	}
 	c.sRC, c.sFd = c.rc, -1
 	if port != 0 {
 		if s := c.src[port]; s != nil {
@@ -840,6 +845,9 @@ func (c *UDPConn) read(want int) error {
 	}
 	if c.rErr != 0 {
 		return os.NewSyscallError("recvmmsg", c.rErr)
+	}
+	if raceEnabled && c.rN > 0 {
+		raceAcquireAt(c.local)
 	}
 	for k := range c.rN {
 		m := &c.rh[k]
