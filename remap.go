@@ -94,12 +94,18 @@ func (d *Device) Suspend(scope Scope, mr *MR, policy PausePolicy) (*Suspension, 
 
 // Resume ends a suspension; the held packets are replayed in order. It
 // reports the packets held, NAKed and dropped, the bytes delayed and the
-// QPs paused.
+// QPs paused. Errors (EINVAL): a nil suspension, one already resumed, one
+// of another device (which stays active: its own device resumes it); the
+// suspended MR deregistered meanwhile (the suspension ends all the same).
 func (d *Device) Resume(s *Suspension) (transport.SuspendReport, error) {
-	if s == nil {
+	if s == nil || s.s == nil {
 		return transport.SuspendReport{}, fmt.Errorf("softrdma: resume: nil suspension: %w", placement.ErrInvalid)
 	}
-	return d.t.Resume(s.s)
+	rep, err := d.t.Resume(s.s)
+	if err != nil {
+		return rep, operr.Wrap("softrdma", "resume", err)
+	}
+	return rep, nil
 }
 
 // AdvertiseRKey declares that mr's rkey was given to the peer of qp: the
@@ -189,7 +195,7 @@ func (d *Device) Remap(mr *MR, scope Scope, policy PausePolicy) (RemapReport, er
 		PacketsHeld: sr.Held, PacketsNAKed: sr.NAKed, PacketsDropped: sr.Dropped, BytesDelayed: sr.BytesDelayed,
 	}
 	if rerr != nil {
-		return rep, fmt.Errorf("softrdma: remap: resume: %w", rerr)
+		return rep, operr.Wrap("softrdma", "remap", rerr)
 	}
 	return rep, nil
 }

@@ -1,0 +1,65 @@
+package softrdma_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/softrdma/softrdma"
+	"github.com/softrdma/softrdma/softrdmatest"
+)
+
+// TestFailedSuspendKeepsPolicy: a Suspend that fails (the MR is suspended
+// already, under hold) must not change what happens to the packets of the
+// suspension still active: a WRITE into the MR is held and replayed (the
+// hold policy, transport.PolicyHold), not RNR NAKed under the failed
+// call's nak policy.
+func TestFailedSuspendKeepsPolicy(t *testing.T) {
+	p := softrdmatest.NewPair(t, softrdmatest.Options{})
+	l := newLink(t, p, p.B.PD)
+	_, m := asMR(t, p.B, p.B.PD, pageSize)
+	_, src := reg(t, p.A, pageSize, rw)
+	s, err := p.B.Dev.Suspend(softrdma.ScopeMR, m, softrdma.PolicyHold)
+	require.NoError(t, err)
+	for _, sc := range []softrdma.Scope{softrdma.ScopeMR, softrdma.ScopePD} {
+		_, err = p.B.Dev.Suspend(sc, m, softrdma.PolicyNAK)
+		require.ErrorIs(t, err, unix.EINVAL, "%v: the MR is suspended already", sc)
+	}
+	postWrite(t, l.qa, 1, src, 0, 100, m, m.Addr())
+	require.Eventually(t, func() bool { c := p.B.Dev.SuspendCounters(); return c.Held+c.NAKed+c.Dropped >= 1 },
+		20*time.Second, 100*time.Microsecond, "the WRITE reaches B")
+	rep, err := p.B.Dev.Resume(s)
+	require.NoError(t, err)
+	require.Equal(t, softrdma.WCSuccess, waitWC(t, l.cq, 1)[0].Status)
+	require.EqualValues(t, 1, rep.Held, "held, as the active suspension's policy says")
+	require.Zero(t, rep.NAKed, "not NAKed under the refused suspension's policy")
+	require.EqualValues(t, 100, rep.BytesDelayed)
+}
+
+// TestResumeOnAnotherDevice: resuming a suspension on a device that did
+// not make it is EINVAL and leaves it active; its own device then resumes
+// it (before the fix the wrong device marked it done, and the MR stayed
+// suspended for good: no call could resume it).
+func TestResumeOnAnotherDevice(t *testing.T) {
+	p := softrdmatest.NewPair(t, softrdmatest.Options{NoPcap: true})
+	_, m := asMR(t, p.B, p.B.PD, pageSize)
+	for _, sc := range []softrdma.Scope{softrdma.ScopeMR, softrdma.ScopeDevice} {
+		s, err := p.B.Dev.Suspend(sc, m, softrdma.PolicyHold)
+		require.NoError(t, err)
+		_, err = p.A.Dev.Resume(s)
+		require.ErrorIs(t, err, unix.EINVAL, "%v: a suspension of another device", sc)
+		require.Regexp(t, `^softrdma: resume: [^:]`, err.Error())
+		require.NotContains(t, err.Error(), "transport: ")
+		_, err = p.B.Dev.Resume(s)
+		require.NoError(t, err, "%v: still active on its own device", sc)
+		_, err = p.B.Dev.Resume(s)
+		require.ErrorIs(t, err, unix.EINVAL, "%v: resumed twice", sc)
+	}
+	_, err := p.B.Dev.Resume(&softrdma.Suspension{})
+	require.ErrorIs(t, err, unix.EINVAL, "a zero Suspension")
+	// The MR is writable again: a remap (which suspends it) succeeds.
+	_, err = p.B.Dev.Remap(m, softrdma.ScopeMR, softrdma.PolicyHold)
+	require.NoError(t, err)
+}
