@@ -201,9 +201,13 @@ func (d *Device) Remap(mr *MR, scope Scope, policy PausePolicy) (RemapReport, er
 }
 
 // RemapRange remaps the MR that covers [addr, addr+length) (Remap of the
-// whole MR). Errors: no MR of the device covers the range (EINVAL), more
-// than one does (EINVAL: remap each), and those of Remap.
+// whole MR). Errors: an empty range (length 0: it names no page; EINVAL),
+// no MR of the device covers the range (EINVAL), more than one does
+// (EINVAL: remap each), and those of Remap.
 func (d *Device) RemapRange(addr, length uint64, scope Scope, policy PausePolicy) (RemapReport, error) {
+	if length == 0 {
+		return RemapReport{}, fmt.Errorf("softrdma: remap [%#x, +0): empty range: %w", addr, placement.ErrInvalid)
+	}
 	mrs := d.place.MRsCovering(addr, length)
 	switch len(mrs) {
 	case 0:

@@ -63,3 +63,40 @@ func TestResumeOnAnotherDevice(t *testing.T) {
 	_, err = p.B.Dev.Remap(m, softrdma.ScopeMR, softrdma.PolicyHold)
 	require.NoError(t, err)
 }
+
+// TestRemapRangeEdges: RemapRange names pages by an address range; an
+// empty range names none and is EINVAL (it used to remap the MR holding
+// addr, or, at the boundary of two adjacent MRs, report two covering it);
+// a range past an MR's end, straddling two MRs, or wrapping past 2^64 is
+// EINVAL; nothing is remapped by a refusal.
+func TestRemapRangeEdges(t *testing.T) {
+	p := softrdmatest.NewPair(t, softrdmatest.Options{NoPcap: true})
+	as := mustAS(t, p.B)
+	buf, err := as.Alloc(2 * pageSize)
+	require.NoError(t, err)
+	m1, err := p.B.Dev.RegMR(p.B.PD, buf[:pageSize], rw)
+	require.NoError(t, err)
+	m2, err := p.B.Dev.RegMR(p.B.PD, buf[pageSize:], rw)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		require.NoError(t, p.B.Dev.DeregMR(m1))
+		require.NoError(t, p.B.Dev.DeregMR(m2))
+	})
+	for _, tc := range []struct {
+		name       string
+		addr, size uint64
+	}{
+		{"empty, inside an MR", m1.Addr() + 10, 0},
+		{"empty, at the boundary of two MRs", m2.Addr(), 0},
+		{"past the end", m2.Addr() + pageSize - 1, 2},
+		{"straddling two MRs", m1.Addr() + pageSize - 1, 2},
+		{"wrapping past 2^64", ^uint64(0) - 5, 100},
+		{"length 2^64-1", m1.Addr(), ^uint64(0)},
+	} {
+		_, err := p.B.Dev.RemapRange(tc.addr, tc.size, softrdma.ScopeMR, softrdma.PolicyHold)
+		require.ErrorIs(t, err, unix.EINVAL, tc.name)
+	}
+	rep, err := p.B.Dev.RemapRange(m2.Addr()+pageSize-1, 1, softrdma.ScopeMR, softrdma.PolicyHold)
+	require.NoError(t, err, "the last byte of m2")
+	require.Equal(t, 1, rep.PagesMoved)
+}
