@@ -82,7 +82,10 @@ func (d *Device) Suspend(scope Scope, mr *MR, policy PausePolicy) (*Suspension, 
 		return nil, fmt.Errorf("softrdma: suspend: scope %v: %w", scope, placement.ErrInvalid)
 	}
 	eff, widened := d.widen(scope)
-	if mr == nil && eff != ScopeDevice {
+	// The scope asked for decides, not the one in force: the same call
+	// is refused on every profile (a coarse device widens every scope to
+	// ScopeDevice, where a nil MR would otherwise pass).
+	if mr == nil && scope != ScopeDevice {
 		return nil, fmt.Errorf("softrdma: suspend at scope %v: nil MR: %w", scope, placement.ErrInvalid)
 	}
 	s, err := d.t.Suspend(eff, mr, policy)

@@ -100,3 +100,38 @@ func TestRemapRangeEdges(t *testing.T) {
 	require.NoError(t, err, "the last byte of m2")
 	require.Equal(t, 1, rep.PagesMoved)
 }
+
+// TestSuspendNilMRSameOnEveryProfile: a suspension at a scope that names
+// an MR (every scope but ScopeDevice) with a nil MR is EINVAL on every
+// profile; the coarse profile, which widens every scope to ScopeDevice,
+// used to accept it as a device-wide pause.
+func TestSuspendNilMRSameOnEveryProfile(t *testing.T) {
+	for _, pr := range []softrdma.Profile{softrdma.ProfileODP, softrdma.ProfileT3, softrdma.ProfileCoarse} {
+		p := softrdmatest.NewPair(t, softrdmatest.Options{Profile: pr, NoPcap: true})
+		for _, sc := range []softrdma.Scope{softrdma.ScopeMR, softrdma.ScopeQPAllowed, softrdma.ScopePD} {
+			s, err := p.B.Dev.Suspend(sc, nil, softrdma.PolicyHold)
+			require.ErrorIs(t, err, unix.EINVAL, "%v: %v with a nil MR", pr, sc)
+			require.Nil(t, s)
+		}
+		s, err := p.B.Dev.Suspend(softrdma.ScopeDevice, nil, softrdma.PolicyHold)
+		require.NoError(t, err, "%v: a device-wide pause needs no MR", pr)
+		_, err = p.B.Dev.Resume(s)
+		require.NoError(t, err)
+	}
+}
+
+// TestPressureBadInput: a negative pin limit and a request of no bytes
+// are EINVAL, and change nothing (no upcall).
+func TestPressureBadInput(t *testing.T) {
+	p := softrdmatest.NewPair(t, softrdmatest.Options{NoPcap: true})
+	d := p.B.Dev
+	calls := 0
+	d.SetPressureHandler(func(softrdma.PressureRequest) softrdma.PressureAnswer { calls++; return softrdma.PressureAnswer{} })
+	_, err := d.SetPinLimit(-1)
+	require.ErrorIs(t, err, unix.EINVAL)
+	for _, n := range []int64{0, -4096} {
+		_, err = d.RequestPinnedBytes(n)
+		require.ErrorIs(t, err, unix.EINVAL)
+	}
+	require.Zero(t, calls)
+}
