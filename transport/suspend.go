@@ -84,12 +84,13 @@ type SuspendReport struct {
 
 // suspendState is a device's suspensions and hold queue.
 type suspendState struct {
-	mu     sync.Mutex
-	list   atomic.Pointer[[]*Suspension] // the QP-scope suspensions
-	active atomic.Int32                  // len(*list)
-	policy atomic.Uint32                 // PausePolicy of the latest suspension
-	gen    atomic.Uint64
-	replay atomic.Bool // held packets may be due: the receive loop replays them
+	mu        sync.Mutex
+	list      atomic.Pointer[[]*Suspension] // the QP-scope suspensions
+	active    atomic.Int32                  // len(*list)
+	policy    atomic.Uint32                 // PausePolicy of the latest suspension
+	policySet uint64                        // policy stores by Suspend (under mu): a failed one undoes its own only
+	gen       atomic.Uint64
+	replay    atomic.Bool // held packets may be due: the receive loop replays them
 
 	held, naked, dropped, bytes atomic.Uint64
 
@@ -161,7 +162,11 @@ func (d *Device) Suspend(scope placement.Scope, mr *placement.MR, policy PausePo
 	// latest one's); a suspension that fails (an MR already suspended,
 	// deregistered) gives the previous one back, so that it does not
 	// change what happens to the packets of those still active.
+	d.susp.mu.Lock()
 	prev := d.susp.policy.Swap(uint32(policy))
+	d.susp.policySet++
+	set := d.susp.policySet
+	d.susp.mu.Unlock()
 	if scope != placement.ScopeMR {
 		d.susp.mu.Lock()
 		var l []*Suspension
@@ -178,7 +183,11 @@ func (d *Device) Suspend(scope placement.Scope, mr *placement.MR, policy PausePo
 		// period of the receive loop covers the QP gates too).
 		if err := d.place.SuspendMR(mr); err != nil {
 			d.unlist(s)
-			d.susp.policy.CompareAndSwap(uint32(policy), prev)
+			d.susp.mu.Lock()
+			if d.susp.policySet == set { // no Suspend stored one since
+				d.susp.policy.Store(prev)
+			}
+			d.susp.mu.Unlock()
 			return nil, err
 		}
 	} else {
