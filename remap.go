@@ -75,8 +75,11 @@ type Suspension struct {
 // widened. Every scope pauses writes into mr itself; ScopeQPAllowed also
 // pauses the QPs the rkey was declared advertised to (AdvertiseRKey; none
 // declared: every QP of mr's PD), ScopePD every QP of mr's PD, ScopeDevice
-// every QP (mr may then be nil). Errors: an invalid scope or policy, a nil
-// MR for another scope, an MR already suspended or deregistered (EINVAL).
+// every QP (mr may then be nil). Errors (EINVAL): an invalid scope or
+// policy, a nil MR at a requested scope other than ScopeDevice (whatever
+// the profile widens it to), an MR already suspended, deregistered or of
+// another device; a refused Suspend leaves the active suspensions and
+// their policy as they were.
 func (d *Device) Suspend(scope Scope, mr *MR, policy PausePolicy) (*Suspension, error) {
 	if !scope.Valid() {
 		return nil, fmt.Errorf("softrdma: suspend: scope %v: %w", scope, placement.ErrInvalid)
