@@ -135,3 +135,19 @@ func TestPressureBadInput(t *testing.T) {
 	}
 	require.Zero(t, calls)
 }
+
+// TestSuspendForeignMR: an MR of another device is EINVAL at every scope,
+// for Suspend and Remap; a deregistered MR is EINVAL for Suspend.
+func TestSuspendForeignMR(t *testing.T) {
+	p := softrdmatest.NewPair(t, softrdmatest.Options{NoPcap: true})
+	_, ma := reg(t, p.A, pageSize, rw)
+	for _, sc := range []softrdma.Scope{softrdma.ScopeMR, softrdma.ScopeQPAllowed, softrdma.ScopePD, softrdma.ScopeDevice} {
+		_, err := p.B.Dev.Suspend(sc, ma, softrdma.PolicyHold)
+		require.ErrorIs(t, err, unix.EINVAL, "%v", sc)
+		_, err = p.B.Dev.Remap(ma, sc, softrdma.PolicyHold)
+		require.ErrorIs(t, err, unix.EINVAL, "%v", sc)
+	}
+	require.NoError(t, p.A.Dev.DeregMR(ma))
+	_, err := p.A.Dev.Suspend(softrdma.ScopeMR, ma, softrdma.PolicyHold)
+	require.ErrorIs(t, err, unix.EINVAL, "a deregistered MR")
+}
