@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/softrdma/softrdma/placement"
 )
 
 // PressureRequest is what the host asks of the application when it wants
@@ -53,10 +55,10 @@ func (d *Device) SetPressureHandler(h func(PressureRequest) PressureAnswer) {
 // RLIMIT_MEMLOCK rule). If more is pinned than the new limit, the
 // pressure handler is asked for the difference. The report says what was
 // asked, answered and returned; ErrPressureUnmet when the device is still
-// over the limit afterwards.
+// over the limit afterwards; EINVAL for a negative limit (nothing changes).
 func (d *Device) SetPinLimit(limit int64) (PressureReport, error) {
 	if limit < 0 {
-		return PressureReport{}, fmt.Errorf("softrdma: set pin limit %d: negative", limit)
+		return PressureReport{}, fmt.Errorf("softrdma: set pin limit %d: negative: %w", limit, placement.ErrInvalid)
 	}
 	d.place.Pins().SetLimit(limit)
 	pinned := d.place.PinnedBytes()
@@ -70,10 +72,10 @@ func (d *Device) SetPinLimit(limit int64) (PressureReport, error) {
 // to give back n bytes of pinned memory (the host wants them for
 // something else); the limit does not change. The report says what was
 // asked, answered and returned; ErrPressureUnmet when less than n came
-// back.
+// back; EINVAL for n <= 0 (no upcall).
 func (d *Device) RequestPinnedBytes(n int64) (PressureReport, error) {
 	if n <= 0 {
-		return PressureReport{}, fmt.Errorf("softrdma: request pinned bytes: %d: not positive", n)
+		return PressureReport{}, fmt.Errorf("softrdma: request pinned bytes: %d: not positive: %w", n, placement.ErrInvalid)
 	}
 	return d.upcall(PressureRequest{Bytes: n, Pinned: d.place.PinnedBytes(), Limit: d.place.PinLimit(), Reason: "requested"})
 }

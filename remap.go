@@ -75,14 +75,20 @@ type Suspension struct {
 // widened. Every scope pauses writes into mr itself; ScopeQPAllowed also
 // pauses the QPs the rkey was declared advertised to (AdvertiseRKey; none
 // declared: every QP of mr's PD), ScopePD every QP of mr's PD, ScopeDevice
-// every QP (mr may then be nil). Errors: an invalid scope or policy, a nil
-// MR for another scope, an MR already suspended or deregistered (EINVAL).
+// every QP (mr may then be nil). Errors (EINVAL): an invalid scope or
+// policy, a nil MR at a requested scope other than ScopeDevice (whatever
+// the profile widens it to), an MR already suspended, deregistered or of
+// another device; a refused Suspend leaves the active suspensions and
+// their policy as they were.
 func (d *Device) Suspend(scope Scope, mr *MR, policy PausePolicy) (*Suspension, error) {
 	if !scope.Valid() {
 		return nil, fmt.Errorf("softrdma: suspend: scope %v: %w", scope, placement.ErrInvalid)
 	}
 	eff, widened := d.widen(scope)
-	if mr == nil && eff != ScopeDevice {
+	// The scope asked for decides, not the one in force: the same call
+	// is refused on every profile (a coarse device widens every scope to
+	// ScopeDevice, where a nil MR would otherwise pass).
+	if mr == nil && scope != ScopeDevice {
 		return nil, fmt.Errorf("softrdma: suspend at scope %v: nil MR: %w", scope, placement.ErrInvalid)
 	}
 	s, err := d.t.Suspend(eff, mr, policy)
@@ -94,12 +100,18 @@ func (d *Device) Suspend(scope Scope, mr *MR, policy PausePolicy) (*Suspension, 
 
 // Resume ends a suspension; the held packets are replayed in order. It
 // reports the packets held, NAKed and dropped, the bytes delayed and the
-// QPs paused.
+// QPs paused. Errors (EINVAL): a nil suspension, one already resumed, one
+// of another device (which stays active: its own device resumes it); the
+// suspended MR deregistered meanwhile (the suspension ends all the same).
 func (d *Device) Resume(s *Suspension) (transport.SuspendReport, error) {
-	if s == nil {
+	if s == nil || s.s == nil {
 		return transport.SuspendReport{}, fmt.Errorf("softrdma: resume: nil suspension: %w", placement.ErrInvalid)
 	}
-	return d.t.Resume(s.s)
+	rep, err := d.t.Resume(s.s)
+	if err != nil {
+		return rep, operr.Wrap("softrdma", "resume", err)
+	}
+	return rep, nil
 }
 
 // AdvertiseRKey declares that mr's rkey was given to the peer of qp: the
@@ -189,15 +201,19 @@ func (d *Device) Remap(mr *MR, scope Scope, policy PausePolicy) (RemapReport, er
 		PacketsHeld: sr.Held, PacketsNAKed: sr.NAKed, PacketsDropped: sr.Dropped, BytesDelayed: sr.BytesDelayed,
 	}
 	if rerr != nil {
-		return rep, fmt.Errorf("softrdma: remap: resume: %w", rerr)
+		return rep, operr.Wrap("softrdma", "remap", rerr)
 	}
 	return rep, nil
 }
 
 // RemapRange remaps the MR that covers [addr, addr+length) (Remap of the
-// whole MR). Errors: no MR of the device covers the range (EINVAL), more
-// than one does (EINVAL: remap each), and those of Remap.
+// whole MR). Errors: an empty range (length 0: it names no page; EINVAL),
+// no MR of the device covers the range (EINVAL), more than one does
+// (EINVAL: remap each), and those of Remap.
 func (d *Device) RemapRange(addr, length uint64, scope Scope, policy PausePolicy) (RemapReport, error) {
+	if length == 0 {
+		return RemapReport{}, fmt.Errorf("softrdma: remap [%#x, +0): empty range: %w", addr, placement.ErrInvalid)
+	}
 	mrs := d.place.MRsCovering(addr, length)
 	switch len(mrs) {
 	case 0:

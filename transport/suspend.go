@@ -1,7 +1,6 @@
 package transport
 
 import (
-	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -64,7 +63,8 @@ type Suspension struct {
 	gen   uint64   // suspension number: QPs paused by it carry it
 	start time.Time
 	base  SuspendCounters
-	done  bool
+	dev   *Device     // the device that made it: only it can Resume it
+	done  atomic.Bool // resumed
 }
 
 // SuspendCounters count what suspensions did to traffic.
@@ -84,12 +84,13 @@ type SuspendReport struct {
 
 // suspendState is a device's suspensions and hold queue.
 type suspendState struct {
-	mu     sync.Mutex
-	list   atomic.Pointer[[]*Suspension] // the QP-scope suspensions
-	active atomic.Int32                  // len(*list)
-	policy atomic.Uint32                 // PausePolicy of the latest suspension
-	gen    atomic.Uint64
-	replay atomic.Bool // held packets may be due: the receive loop replays them
+	mu        sync.Mutex
+	list      atomic.Pointer[[]*Suspension] // the QP-scope suspensions
+	active    atomic.Int32                  // len(*list)
+	policy    atomic.Uint32                 // PausePolicy of the latest suspension
+	policySet uint64                        // policy stores by Suspend (under mu): a failed one undoes its own only
+	gen       atomic.Uint64
+	replay    atomic.Bool // held packets may be due: the receive loop replays them
 
 	held, naked, dropped, bytes atomic.Uint64
 
@@ -142,7 +143,7 @@ func (d *Device) Suspend(scope placement.Scope, mr *placement.MR, policy PausePo
 	if policy > PolicyNAK {
 		return nil, fmt.Errorf("transport: suspend: policy %d: %w", policy, placement.ErrInvalid)
 	}
-	s := &Suspension{Scope: scope, MR: mr, Policy: policy, start: time.Now(), gen: d.susp.gen.Add(1)}
+	s := &Suspension{Scope: scope, MR: mr, Policy: policy, start: time.Now(), gen: d.susp.gen.Add(1), dev: d}
 	if mr != nil {
 		s.pd = mr.PD()
 	}
@@ -157,7 +158,15 @@ func (d *Device) Suspend(scope placement.Scope, mr *placement.MR, policy PausePo
 		}
 	}
 	s.base = d.susp.counters()
-	d.susp.policy.Store(uint32(policy))
+	// The policy is the device's, for every suspension active (the
+	// latest one's); a suspension that fails (an MR already suspended,
+	// deregistered) gives the previous one back, so that it does not
+	// change what happens to the packets of those still active.
+	d.susp.mu.Lock()
+	prev := d.susp.policy.Swap(uint32(policy))
+	d.susp.policySet++
+	set := d.susp.policySet
+	d.susp.mu.Unlock()
 	if scope != placement.ScopeMR {
 		d.susp.mu.Lock()
 		var l []*Suspension
@@ -174,6 +183,11 @@ func (d *Device) Suspend(scope placement.Scope, mr *placement.MR, policy PausePo
 		// period of the receive loop covers the QP gates too).
 		if err := d.place.SuspendMR(mr); err != nil {
 			d.unlist(s)
+			d.susp.mu.Lock()
+			if d.susp.policySet == set { // no Suspend stored one since
+				d.susp.policy.Store(prev)
+			}
+			d.susp.mu.Unlock()
 			return nil, err
 		}
 	} else {
@@ -197,12 +211,16 @@ func (d *Device) unlist(s *Suspension) {
 
 // Resume ends s: placement into its MR and the QPs it paused goes on, and
 // the receive loop replays the held packets in order. It reports what the
-// suspension did. Errors: s already resumed.
+// suspension did. Errors (EINVAL): s nil or already resumed, s made by
+// another device (it stays active, for its own device's Resume); the MR's
+// (deregistered while suspended: the suspension ends all the same).
 func (d *Device) Resume(s *Suspension) (SuspendReport, error) {
-	if s == nil || s.done {
-		return SuspendReport{}, errors.New("transport: resume of a suspension that is not active")
+	if s == nil || s.dev != d {
+		return SuspendReport{}, fmt.Errorf("transport: resume: nil suspension, or one of another device: %w", placement.ErrInvalid)
 	}
-	s.done = true
+	if !s.done.CompareAndSwap(false, true) {
+		return SuspendReport{}, fmt.Errorf("transport: resume of a suspension that is not active: %w", placement.ErrInvalid)
+	}
 	d.unlist(s)
 	var err error
 	if s.MR != nil {
