@@ -7,7 +7,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/softrdma/softrdma/stag"
 	"github.com/softrdma/softrdma/transport/wire"
 )
 
@@ -40,13 +39,7 @@ func psnRange(first wire.PSN, n int) []wire.PSN {
 func TestTimeoutRestartsWithOnePacket(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r := newSyncRig(t)
-		const npkts = 600 // PSNs 5000..5599 at MTU 1024
-		big := make([]byte, npkts*1024)
-		mr, err := r.place.RegMR(1, big, stag.AccessLocalWrite)
-		require.NoError(t, err)
-		_, err = r.qp.PostSend(SendWR{WRID: 1, Opcode: WRSendWithImm, Flags: SendSignaled, ImmData: 7,
-			SGL: []SGE{{Addr: mr.Addr(), Length: uint32(len(big)), LKey: mr.LKey()}}})
-		require.NoError(t, err)
+		r.postBigSend(t, 600) // PSNs 5000..5599 at MTU 1024
 		ps := r.drain()
 		psns, _ := psnsOf(ps)
 		require.Equal(t, psnRange(5000, MaxUnackedPSNs), psns, "the first pass sends the window")
@@ -123,12 +116,7 @@ func TestSlowResponderBacklogStaysBounded(t *testing.T) {
 		r := newSyncRig(t)
 		const npkts = 1000 // PSNs 5000..5999 at MTU 1024
 		const perTick = 8
-		big := make([]byte, npkts*1024)
-		mr, err := r.place.RegMR(1, big, stag.AccessLocalWrite)
-		require.NoError(t, err)
-		_, err = r.qp.PostSend(SendWR{WRID: 1, Opcode: WRSendWithImm, Flags: SendSignaled, ImmData: 7,
-			SGL: []SGE{{Addr: mr.Addr(), Length: uint32(len(big)), LKey: mr.LKey()}}})
-		require.NoError(t, err)
+		r.postBigSend(t, npkts)
 		start := time.Now()
 		tick := r.qp.timeoutDuration() / 2
 		ePSN, nakSent := wire.PSN(5000), false
@@ -192,13 +180,7 @@ func TestSlowResponderBacklogStaysBounded(t *testing.T) {
 func TestLateACKAfterTimeoutSkipsAcknowledged(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r := newSyncRig(t)
-		const npkts = 600 // PSNs 5000..5599 at MTU 1024
-		big := make([]byte, npkts*1024)
-		mr, err := r.place.RegMR(1, big, stag.AccessLocalWrite)
-		require.NoError(t, err)
-		_, err = r.qp.PostSend(SendWR{WRID: 1, Opcode: WRSendWithImm, Flags: SendSignaled, ImmData: 7,
-			SGL: []SGE{{Addr: mr.Addr(), Length: uint32(len(big)), LKey: mr.LKey()}}})
-		require.NoError(t, err)
+		r.postBigSend(t, 600) // PSNs 5000..5599 at MTU 1024
 		require.Len(t, r.drain(), MaxUnackedPSNs)
 		time.Sleep(r.qp.timeoutDuration() + time.Millisecond)
 		psns, _ := psnsOf(r.drain())

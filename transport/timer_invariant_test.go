@@ -54,12 +54,7 @@ func simRun(t *testing.T, seed uint64) bool {
 	synctest.Test(t, func(t *testing.T) {
 		r := newSyncRig(t)
 		const npkts = 300
-		big := make([]byte, npkts*1024)
-		mr, err := r.place.RegMR(1, big, stag.AccessLocalWrite)
-		require.NoError(t, err)
-		_, err = r.qp.PostSend(SendWR{WRID: 1, Opcode: WRSendWithImm, Flags: SendSignaled, ImmData: 7,
-			SGL: []SGE{{Addr: mr.Addr(), Length: uint32(len(big)), LKey: mr.LKey()}}})
-		require.NoError(t, err)
+		r.postBigSend(t, npkts)
 		rng := rand.New(rand.NewPCG(seed, 7))
 		type resp struct {
 			syn wire.Syndrome
@@ -252,13 +247,7 @@ func TestNAKWhileSendWorkerBusyResumes(t *testing.T) {
 		g := &gateTap{release: make(chan struct{})}
 		r.d.conn.(*conn.PipeConn).SetTap(g)
 		defer g.open()
-		const npkts = 600 // PSNs 5000..5599 at MTU 1024
-		big := make([]byte, npkts*1024)
-		mr, err := r.place.RegMR(1, big, stag.AccessLocalWrite)
-		require.NoError(t, err)
-		_, err = r.qp.PostSend(SendWR{WRID: 1, Opcode: WRSendWithImm, Flags: SendSignaled, ImmData: 7,
-			SGL: []SGE{{Addr: mr.Addr(), Length: uint32(len(big)), LKey: mr.LKey()}}})
-		require.NoError(t, err)
+		r.postBigSend(t, 600) // PSNs 5000..5599 at MTU 1024
 		ps := r.drain()
 		require.Len(t, ps, MaxUnackedPSNs) // the window
 		require.Equal(t, wire.PSN(5255), ps[len(ps)-1].PSN())
@@ -416,4 +405,16 @@ func slowWorkerRun(t *testing.T, seed uint64) bool {
 		}
 	})
 	return ok
+}
+
+// postBigSend posts one signaled SEND with immediate of npkts packets at
+// the rig's MTU (1024), WRID 1, from an MR of its own.
+func (r *syncRig) postBigSend(t *testing.T, npkts int) {
+	t.Helper()
+	big := make([]byte, npkts*rigMTU)
+	mr, err := r.place.RegMR(1, big, stag.AccessLocalWrite)
+	require.NoError(t, err)
+	_, err = r.qp.PostSend(SendWR{WRID: 1, Opcode: WRSendWithImm, Flags: SendSignaled, ImmData: 7,
+		SGL: []SGE{{Addr: mr.Addr(), Length: uint32(len(big)), LKey: mr.LKey()}}})
+	require.NoError(t, err)
 }
