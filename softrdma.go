@@ -72,6 +72,15 @@ type Config struct {
 	// that port (Open fails if it cannot be bound). The device receives on
 	// Addr's port in every case.
 	SourcePort int
+	// SlowRestart makes a retransmit timeout resend one packet and grow
+	// the window back as ACKs return (RFC 5681 3.1's loss window; NVIDIA
+	// ConnectX's "slow restart"), instead of resending the whole go-back-N
+	// window as rxe does: for a receiver that falls behind (a loaded host),
+	// which full-window resends on every expiry drown in copies. It costs
+	// throughput where the QP timeout is close to the round trip (a false
+	// timeout restarts from one packet). Off by default; see
+	// transport.Config.SlowRestart.
+	SlowRestart bool
 }
 
 // Values of Config.SourcePort besides a port number.
@@ -134,7 +143,8 @@ func Open(cfg Config) (*Device, error) {
 	place := placement.New(placement.Config{PinLimit: cfg.PinLimit, AddressSpace: cfg.AddressSpace,
 		ODPBudget: cfg.ODPBudget, NoODP: !cfg.Profile.odp()})
 	t, err := transport.NewDevice(transport.Config{Conn: c, Placement: place, Logf: cfg.Logf, FaultPolicy: cfg.FaultPolicy,
-		ActiveMTU: activeMTU(c.LocalAddr().Addr()), SourcePort: cfg.SourcePort})
+		ActiveMTU: activeMTU(c.LocalAddr().Addr()), SourcePort: cfg.SourcePort,
+		SlowRestart: cfg.SlowRestart})
 	if err != nil {
 		c.Close()
 		return nil, operr.Wrap("softrdma", "open", err)

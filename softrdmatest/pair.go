@@ -37,6 +37,8 @@ type Options struct {
 	Profile     softrdma.Profile
 	FaultPolicy softrdma.FaultPolicy
 	ODPBudget   int64 // bytes
+	// SlowRestart turns on softrdma.Config.SlowRestart on both devices.
+	SlowRestart bool
 }
 
 // Side is one end of a Pair.
@@ -95,6 +97,7 @@ func NewPair(tb testing.TB, o Options) *Pair {
 		c.Impair = o.Impair
 		c.DisableGSO, c.DisableGRO = o.DisableGSO, o.DisableGRO
 		c.Profile, c.FaultPolicy, c.ODPBudget = o.Profile, o.FaultPolicy, o.ODPBudget
+		c.SlowRestart = o.SlowRestart
 		c.Logf = tb.Logf
 		if tap != nil {
 			c.Tap = tap

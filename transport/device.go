@@ -47,6 +47,14 @@ type Config struct {
 	// number; any other port number sends everything from that port
 	// (NewDevice fails if it cannot be bound).
 	SourcePort int
+	// SlowRestart makes a retransmit timeout resend one packet and grow
+	// the go-back-N window back as ACKs return (requester.go, onTimer),
+	// instead of resending the whole window at once as rxe does. It keeps
+	// a receiver that fell behind (a loaded host) from drowning in copies
+	// of the window, and costs throughput where the timeout is close to
+	// the round trip (a false timeout restarts from one packet). Off by
+	// default.
+	SlowRestart bool
 }
 
 // FaultPolicy is how a responder handles a page fault on an ODP MR named
@@ -75,13 +83,14 @@ func (p FaultPolicy) String() string {
 // Device is one emulated RDMA NIC: a UDP endpoint, its QPs and the two
 // goroutines that drive them (see the package doc).
 type Device struct {
-	conn     conn.Conn
-	place    *placement.Engine
-	logf     func(string, ...any)
-	counters Counters
-	policy   FaultPolicy
-	mtu      MTU // active MTU; 0: MTU4096
-	susp     suspendState
+	conn        conn.Conn
+	place       *placement.Engine
+	logf        func(string, ...any)
+	counters    Counters
+	policy      FaultPolicy
+	slowRestart bool // Config.SlowRestart
+	mtu         MTU  // active MTU; 0: MTU4096
+	susp        suspendState
 
 	// spread: each QP sends from rxe's port for it (Config.SourcePort
 	// 0); otherwise every packet leaves from fixedPort, held by the
@@ -145,6 +154,7 @@ func NewDevice(cfg Config) (*Device, error) {
 		place:       cfg.Placement,
 		logf:        cfg.Logf,
 		policy:      cfg.FaultPolicy,
+		slowRestart: cfg.SlowRestart,
 		mtu:         cfg.ActiveMTU,
 		runqWake:    make(chan struct{}, 1),
 		done:        make(chan struct{}),

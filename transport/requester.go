@@ -450,7 +450,7 @@ func (qp *QP) onTimer() {
 	qp.dev.counters.CompleterRetryErr.Add(1)
 	c.readRetryPending, c.nakRetryPending = false, false
 	qp.rewind()
-	// Slow restart: go-back-N resends from the oldest unacknowledged PSN
+	// Slow restart (Config.SlowRestart; off by default): go-back-N resends from the oldest unacknowledged PSN
 	// (IBTA 9.7.5.1.3), one packet at first, the window growing as
 	// acknowledgements return. A timeout means the responder fell silent
 	// or behind: a lost tail, or a receiver that drains its socket slower
@@ -461,7 +461,12 @@ func (qp *QP) onTimer() {
 	// from a loss window of one segment after its retransmission timer
 	// (RFC 5681 3.1), and RoCE NICs do the same (NVIDIA ConnectX's "slow
 	// restart", ROCE_ACCL roce_slow_restart_en).
-	qp.req.restartWnd, qp.req.restartAcked = 1, c.psn
+	// Off by default: where the timeout is close to the round trip (an
+	// --impair delay with -u 10), a false timeout restarts from one packet
+	// and write-bw fell 2-7x; rxe resends the whole window.
+	if qp.dev.slowRestart {
+		qp.req.restartWnd, qp.req.restartAcked = 1, c.psn
+	}
 	c.timerArmed = false
 	qp.armTimer(qp.timeoutDuration())
 	qp.sq.Unlock()

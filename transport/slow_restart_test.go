@@ -39,6 +39,7 @@ func psnRange(first wire.PSN, n int) []wire.PSN {
 func TestTimeoutRestartsWithOnePacket(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r := newSyncRig(t)
+		r.d.slowRestart = true // Config.SlowRestart
 		r.postBigSend(t, 600) // PSNs 5000..5599 at MTU 1024
 		ps := r.drain()
 		psns, _ := psnsOf(ps)
@@ -114,6 +115,7 @@ func TestTimeoutRestartsWithOnePacket(t *testing.T) {
 func TestSlowResponderBacklogStaysBounded(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r := newSyncRig(t)
+		r.d.slowRestart = true // Config.SlowRestart
 		const npkts = 1000 // PSNs 5000..5999 at MTU 1024
 		const perTick = 8
 		r.postBigSend(t, npkts)
@@ -180,6 +182,7 @@ func TestSlowResponderBacklogStaysBounded(t *testing.T) {
 func TestLateACKAfterTimeoutSkipsAcknowledged(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r := newSyncRig(t)
+		r.d.slowRestart = true // Config.SlowRestart
 		r.postBigSend(t, 600) // PSNs 5000..5599 at MTU 1024
 		require.Len(t, r.drain(), MaxUnackedPSNs)
 		time.Sleep(r.qp.timeoutDuration() + time.Millisecond)
@@ -193,5 +196,20 @@ func TestLateACKAfterTimeoutSkipsAcknowledged(t *testing.T) {
 		require.Equal(t, wire.PSN(5064), s.OldestPSN)
 		require.Equal(t, wire.PSN(5129), s.NextPSN)
 		require.Equal(t, uint64(129*1024), s.Offset)
+	})
+}
+
+// TestTimeoutResendsWindowByDefault: without Config.SlowRestart a local ACK
+// timeout resends the whole go-back-N window from the oldest
+// unacknowledged PSN, as rxe's req_retry does.
+func TestTimeoutResendsWindowByDefault(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := newSyncRig(t)
+		r.postBigSend(t, 600) // PSNs 5000..5599 at MTU 1024
+		require.Len(t, r.drain(), MaxUnackedPSNs)
+		time.Sleep(r.qp.timeoutDuration() + time.Millisecond)
+		psns, _ := psnsOf(r.drain())
+		require.Equal(t, psnRange(5000, MaxUnackedPSNs), psns)
+		require.Zero(t, r.qp.req.restartWnd)
 	})
 }
