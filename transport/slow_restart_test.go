@@ -40,7 +40,7 @@ func TestTimeoutRestartsWithOnePacket(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r := newSyncRig(t)
 		r.d.slowRestart = true // Config.SlowRestart
-		r.postBigSend(t, 600) // PSNs 5000..5599 at MTU 1024
+		r.postBigSend(t, 600)  // PSNs 5000..5599 at MTU 1024
 		ps := r.drain()
 		psns, _ := psnsOf(ps)
 		require.Equal(t, psnRange(5000, MaxUnackedPSNs), psns, "the first pass sends the window")
@@ -116,7 +116,7 @@ func TestSlowResponderBacklogStaysBounded(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r := newSyncRig(t)
 		r.d.slowRestart = true // Config.SlowRestart
-		const npkts = 1000 // PSNs 5000..5999 at MTU 1024
+		const npkts = 1000     // PSNs 5000..5999 at MTU 1024
 		const perTick = 8
 		r.postBigSend(t, npkts)
 		start := time.Now()
@@ -183,7 +183,7 @@ func TestLateACKAfterTimeoutSkipsAcknowledged(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r := newSyncRig(t)
 		r.d.slowRestart = true // Config.SlowRestart
-		r.postBigSend(t, 600) // PSNs 5000..5599 at MTU 1024
+		r.postBigSend(t, 600)  // PSNs 5000..5599 at MTU 1024
 		require.Len(t, r.drain(), MaxUnackedPSNs)
 		time.Sleep(r.qp.timeoutDuration() + time.Millisecond)
 		psns, _ := psnsOf(r.drain())
