@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"sync/atomic"
 	"time"
 
 	"github.com/softrdma/softrdma"
@@ -38,6 +39,7 @@ type poller struct {
 	cq   *softrdma.CQ
 	wcs  []softrdma.WC
 	idle *idlewatch.Watch // notified of every batch of completions (nil: none)
+	last *atomic.Int64    // set to the time of every batch of completions (nil: none)
 }
 
 func newPoller(cq *softrdma.CQ) *poller { return &poller{cq: cq, wcs: make([]softrdma.WC, 64)} }
@@ -46,8 +48,16 @@ func newPoller(cq *softrdma.CQ) *poller { return &poller{cq: cq, wcs: make([]sof
 // watch of the run (if any) on every completion.
 func (s *session) newPoller() *poller {
 	p := newPoller(s.cq)
-	p.idle = s.idle
+	p.idle, p.last = s.idle, &s.lastWC
 	return p
+}
+
+// progress notes a batch of completions.
+func (p *poller) progress() {
+	p.idle.Progress()
+	if p.last != nil {
+		p.last.Store(time.Now().UnixNano())
+	}
 }
 
 // poll returns the completions queued; with block it waits for at least
@@ -56,13 +66,13 @@ func (p *poller) poll(ctx context.Context, block bool) ([]softrdma.WC, error) {
 	n, err := p.cq.Poll(p.wcs)
 	if n > 0 || err != nil || !block {
 		if n > 0 {
-			p.idle.Progress()
+			p.progress()
 		}
 		return p.wcs[:n], err
 	}
 	n, err = p.cq.Wait(ctx, p.wcs)
 	if n > 0 {
-		p.idle.Progress()
+		p.progress()
 	}
 	return p.wcs[:n], err
 }
@@ -83,7 +93,7 @@ func (p *poller) spin(ctx context.Context) ([]softrdma.WC, error) {
 		n, err := p.cq.Poll(p.wcs)
 		if n > 0 || err != nil {
 			if n > 0 {
-				p.idle.Progress()
+				p.progress()
 			}
 			return p.wcs[:n], err
 		}
@@ -188,9 +198,18 @@ func (s *session) draining() bool {
 // gave up at the same time); any other error is returned as it is.
 func (s *session) boundErr(parent context.Context, err error) error {
 	if s.p.Duration > 0 && errors.Is(err, context.DeadlineExceeded) && !errors.Is(parent.Err(), context.DeadlineExceeded) {
-		return &drainError{d: s.p.Duration, drain: drainLimit(s.p.Duration), peer: s.peerLabel(), start: s.roundStart}
+		return s.drainError()
 	}
 	return err
+}
+
+// drainError describes the expiry of this side's -D drain limit.
+func (s *session) drainError() *drainError {
+	e := &drainError{d: s.p.Duration, drain: drainLimit(s.p.Duration), peer: s.peerLabel(), start: s.roundStart}
+	if ns := s.lastWC.Load(); ns != 0 {
+		e.lastWC = time.Unix(0, ns)
+	}
+	return e
 }
 
 // drainError is the expiry of a -D run's drain limit (session.bounded):
@@ -203,6 +222,7 @@ type drainError struct {
 	d, drain time.Duration
 	peer     string    // "IP:PORT" of the exchange, or the -R peer's IP
 	start    time.Time // the round's start (its run, after the barrier)
+	lastWC   time.Time // the last completion found (zero: none)
 	// Set by round once the wait for the peer's result is over.
 	noResult   bool          // the peer's result did not come either
 	resultWait time.Duration // how long it was waited for
@@ -220,9 +240,22 @@ func (e *drainError) Error() string {
 			"the peer or the path to it is probably dead (the QPs retry for ever, retry_cnt 7 as on rxe; "+
 			"each wait is max(10s, -D))", e.d, e.drain, e.peer, e.resultWait, e.d, e.drain, e.resultWait, total)
 	}
+	if e.slowPath() {
+		return fmt.Sprintf("-D %v: the work requests still outstanding did not all complete within %v after the run "+
+			"(%v + %v allowed%s), though completions were still arriving (the last %.1fs after the run ended): "+
+			"the path to the peer at %s is slow, not dead (loss, --impair, a -u close to the round trip); "+
+			"fewer outstanding (-t) or smaller messages (-s) drain sooner (the wait is max(10s, -D))",
+			e.d, e.drain, e.d, e.drain, total, e.lastWC.Sub(e.start.Add(e.d)).Seconds(), e.peer)
+	}
 	return fmt.Sprintf("-D %v: the work requests still outstanding did not complete within %v after the run "+
 		"(%v + %v allowed%s): is the peer at %s alive? (the QPs retry for ever, retry_cnt 7 as on rxe; "+
 		"the wait is max(10s, -D))", e.d, e.drain, e.d, e.drain, total, e.peer)
+}
+
+// slowPath reports whether a completion came during the drain, after the
+// run's duration: the path was delivering, only not fast enough.
+func (e *drainError) slowPath() bool {
+	return !e.lastWC.IsZero() && !e.start.IsZero() && e.lastWC.After(e.start.Add(e.d))
 }
 
 // Unwrap returns context.DeadlineExceeded: the drain limit expired

@@ -1040,7 +1040,7 @@ func (s *session) round(ctx context.Context, size int64) (mine, peer roundResult
 		// and drainLimit) expire first; a loaded machine can let
 		// resultBound's, later, end its run before it saw that.
 		if !errors.As(runErr, new(*drainError)) {
-			runErr = &drainError{d: s.p.Duration, drain: drainLimit(s.p.Duration), peer: s.peerLabel(), start: s.roundStart}
+			runErr = s.drainError()
 		}
 	case runErr != nil && rctx.Err() == nil && errors.As(context.Cause(bctx), &nr):
 		runErr = nr
