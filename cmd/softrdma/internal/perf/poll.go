@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
-	"sync/atomic"
 	"time"
 
 	"github.com/softrdma/softrdma"
@@ -39,7 +38,6 @@ type poller struct {
 	cq   *softrdma.CQ
 	wcs  []softrdma.WC
 	idle *idlewatch.Watch // notified of every batch of completions (nil: none)
-	last *atomic.Int64    // set to the time of every batch of completions (nil: none)
 }
 
 func newPoller(cq *softrdma.CQ) *poller { return &poller{cq: cq, wcs: make([]softrdma.WC, 64)} }
@@ -48,16 +46,8 @@ func newPoller(cq *softrdma.CQ) *poller { return &poller{cq: cq, wcs: make([]sof
 // watch of the run (if any) on every completion.
 func (s *session) newPoller() *poller {
 	p := newPoller(s.cq)
-	p.idle, p.last = s.idle, &s.lastWC
+	p.idle = s.idle
 	return p
-}
-
-// progress notes a batch of completions.
-func (p *poller) progress() {
-	p.idle.Progress()
-	if p.last != nil {
-		p.last.Store(time.Now().UnixNano())
-	}
 }
 
 // poll returns the completions queued; with block it waits for at least
@@ -66,13 +56,13 @@ func (p *poller) poll(ctx context.Context, block bool) ([]softrdma.WC, error) {
 	n, err := p.cq.Poll(p.wcs)
 	if n > 0 || err != nil || !block {
 		if n > 0 {
-			p.progress()
+			p.idle.Progress()
 		}
 		return p.wcs[:n], err
 	}
 	n, err = p.cq.Wait(ctx, p.wcs)
 	if n > 0 {
-		p.progress()
+		p.idle.Progress()
 	}
 	return p.wcs[:n], err
 }
@@ -93,7 +83,7 @@ func (p *poller) spin(ctx context.Context) ([]softrdma.WC, error) {
 		n, err := p.cq.Poll(p.wcs)
 		if n > 0 || err != nil {
 			if n > 0 {
-				p.progress()
+				p.idle.Progress()
 			}
 			return p.wcs[:n], err
 		}
@@ -179,7 +169,16 @@ func (s *session) bounded(ctx context.Context) (context.Context, context.CancelF
 	s.boundUsed = true
 	s.boundEnd.Store(time.Now().Add(d).UnixNano())
 	bctx, cancel := context.WithTimeout(ctx, d)
+	s.rcvdAtDrain.Store(-1)
+	var atDrain *time.Timer
+	if s.dev != nil {
+		rx := &s.dev.Counters().RcvdPkts
+		atDrain = time.AfterFunc(s.p.Duration, func() { s.rcvdAtDrain.Store(int64(rx.Load())) })
+	}
 	return bctx, func() {
+		if atDrain != nil {
+			atDrain.Stop()
+		}
 		s.boundEnd.Store(0)
 		cancel()
 	}
@@ -203,11 +202,12 @@ func (s *session) boundErr(parent context.Context, err error) error {
 	return err
 }
 
-// drainError describes the expiry of this side's -D drain limit.
+// drainError describes the expiry of this side's -D drain limit, with the
+// packets received from the peer while it drained.
 func (s *session) drainError() *drainError {
 	e := &drainError{d: s.p.Duration, drain: drainLimit(s.p.Duration), peer: s.peerLabel(), start: s.roundStart}
-	if ns := s.lastWC.Load(); ns != 0 {
-		e.lastWC = time.Unix(0, ns)
+	if v := s.rcvdAtDrain.Load(); v >= 0 && s.dev != nil {
+		e.rcvdDuring = int64(s.dev.Counters().RcvdPkts.Load()) - v
 	}
 	return e
 }
@@ -222,7 +222,9 @@ type drainError struct {
 	d, drain time.Duration
 	peer     string    // "IP:PORT" of the exchange, or the -R peer's IP
 	start    time.Time // the round's start (its run, after the barrier)
-	lastWC   time.Time // the last completion found (zero: none)
+	// rcvdDuring is the packets the device received while it drained:
+	// the path was delivering, only not fast enough (0: none, or unknown).
+	rcvdDuring int64
 	// Set by round once the wait for the peer's result is over.
 	noResult   bool          // the peer's result did not come either
 	resultWait time.Duration // how long it was waited for
@@ -240,22 +242,16 @@ func (e *drainError) Error() string {
 			"the peer or the path to it is probably dead (the QPs retry for ever, retry_cnt 7 as on rxe; "+
 			"each wait is max(10s, -D))", e.d, e.drain, e.peer, e.resultWait, e.d, e.drain, e.resultWait, total)
 	}
-	if e.slowPath() {
+	if e.rcvdDuring > 0 {
 		return fmt.Sprintf("-D %v: the work requests still outstanding did not all complete within %v after the run "+
-			"(%v + %v allowed%s), though completions were still arriving (the last %.1fs after the run ended): "+
-			"the path to the peer at %s is slow, not dead (loss, --impair, a -u close to the round trip); "+
+			"(%v + %v allowed%s), though the peer at %s was still sending (%d packets received during the wait): "+
+			"the path is slow, not dead (loss, --impair, a -u close to the round trip); "+
 			"fewer outstanding (-t) or smaller messages (-s) drain sooner (the wait is max(10s, -D))",
-			e.d, e.drain, e.d, e.drain, total, e.lastWC.Sub(e.start.Add(e.d)).Seconds(), e.peer)
+			e.d, e.drain, e.d, e.drain, total, e.peer, e.rcvdDuring)
 	}
 	return fmt.Sprintf("-D %v: the work requests still outstanding did not complete within %v after the run "+
 		"(%v + %v allowed%s): is the peer at %s alive? (the QPs retry for ever, retry_cnt 7 as on rxe; "+
 		"the wait is max(10s, -D))", e.d, e.drain, e.d, e.drain, total, e.peer)
-}
-
-// slowPath reports whether a completion came during the drain, after the
-// run's duration: the path was delivering, only not fast enough.
-func (e *drainError) slowPath() bool {
-	return !e.lastWC.IsZero() && !e.start.IsZero() && e.lastWC.After(e.start.Add(e.d))
 }
 
 // Unwrap returns context.DeadlineExceeded: the drain limit expired

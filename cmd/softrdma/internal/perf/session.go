@@ -102,10 +102,10 @@ type session struct {
 	// idle is the idle watch of the round's run (-n, --idle-timeout;
 	// nil: none), set before the run and read by its loops.
 	idle *idlewatch.Watch
-	// lastWC is when this side's pollers last found a completion (Unix
-	// ns; 0: none yet): a -D run whose drain expires says whether its
-	// path was still delivering (drainError).
-	lastWC atomic.Int64
+	// rcvdAtDrain is the device's rcvd_pkts when a -D run's duration
+	// ended and its drain began (-1: not yet): a drain that expires says
+	// whether the peer was still sending (drainError).
+	rcvdAtDrain atomic.Int64
 	// peerSpoke is closed when the peer's result (or error) of the
 	// round arrived, set before the run like idle.
 	peerSpoke chan struct{}
