@@ -84,16 +84,7 @@ func TestWindowAtomicOnODPEndToEnd(t *testing.T) {
 			w, err := p.B.Dev.AllocMW(p.B.PD, typ)
 			require.NoError(t, err)
 			info := softrdma.MWBindInfo{MR: mr, Addr: mr.Addr(), Length: 2 * pageSize, Access: softrdma.AccessRemoteAtomic}
-			var k uint32
-			if typ == softrdma.MWType1 {
-				k, err = p.B.QP.BindMW(w, 1, softrdma.SendSignaled, info)
-				require.NoError(t, err)
-			} else {
-				k = softrdma.IncRKey(w.RKey())
-				post(t, p.B.QP, softrdma.SendWR{WRID: 1, Opcode: softrdma.WRBindMW, Flags: softrdma.SendSignaled,
-					BindMW: softrdma.MWBind{MW: w, RKey: k, Info: info}})
-			}
-			require.Equal(t, softrdma.WCSuccess, waitWC(t, p.B.CQ, 1)[0].Status)
+			k := bindOnB(t, p, w, typ, info)
 			post(t, p.A.QP, softrdma.SendWR{WRID: 2, Opcode: softrdma.WRAtomicFetchAndAdd, Flags: softrdma.SendSignaled, CompareAdd: 7,
 				SGL:        []softrdma.SGE{{Addr: localMR.Addr(), Length: 8, LKey: localMR.LKey()}},
 				RemoteAddr: mr.Addr() + pageSize + 8, RKey: k})
@@ -161,16 +152,7 @@ func TestWindowWriteReadOnODPEndToEnd(t *testing.T) {
 			require.NoError(t, err)
 			info := softrdma.MWBindInfo{MR: mr, Addr: mr.Addr() + pageSize, Length: 3 * pageSize,
 				Access: softrdma.AccessRemoteWrite | softrdma.AccessRemoteRead}
-			var k uint32
-			if typ == softrdma.MWType1 {
-				k, err = p.B.QP.BindMW(w, 1, softrdma.SendSignaled, info)
-				require.NoError(t, err)
-			} else {
-				k = softrdma.IncRKey(w.RKey())
-				post(t, p.B.QP, softrdma.SendWR{WRID: 1, Opcode: softrdma.WRBindMW, Flags: softrdma.SendSignaled,
-					BindMW: softrdma.MWBind{MW: w, RKey: k, Info: info}})
-			}
-			require.Equal(t, softrdma.WCSuccess, waitWC(t, p.B.CQ, 1)[0].Status)
+			k := bindOnB(t, p, w, typ, info)
 			fill(9, src)
 			post(t, p.A.QP, writeWR(2, srcMR, src, mr.Addr()+pageSize, k))
 			require.Equal(t, softrdma.WCSuccess, waitWC(t, p.A.CQ, 1)[0].Status, "WRITE through a %v window", typ)
@@ -183,4 +165,23 @@ func TestWindowWriteReadOnODPEndToEnd(t *testing.T) {
 			require.NoError(t, p.B.Dev.DeallocMW(w))
 		}
 	})
+}
+
+// bindOnB binds w on the pair's B side as its type is bound (type 1 with
+// ibv_bind_mw, type 2 with a bind WR and the next rkey), waits for the
+// bind's completion, and returns the window's new rkey.
+func bindOnB(t *testing.T, p *softrdmatest.Pair, w *softrdma.MW, typ softrdma.MWType, info softrdma.MWBindInfo) uint32 {
+	t.Helper()
+	var k uint32
+	if typ == softrdma.MWType1 {
+		var err error
+		k, err = p.B.QP.BindMW(w, 1, softrdma.SendSignaled, info)
+		require.NoError(t, err)
+	} else {
+		k = softrdma.IncRKey(w.RKey())
+		post(t, p.B.QP, softrdma.SendWR{WRID: 1, Opcode: softrdma.WRBindMW, Flags: softrdma.SendSignaled,
+			BindMW: softrdma.MWBind{MW: w, RKey: k, Info: info}})
+	}
+	require.Equal(t, softrdma.WCSuccess, waitWC(t, p.B.CQ, 1)[0].Status)
+	return k
 }

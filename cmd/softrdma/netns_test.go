@@ -158,6 +158,24 @@ type hosts struct {
 	ipA, ipB string
 }
 
+// vethPair creates network namespaces nsA and nsB (deleted at the end of
+// the test) joined by a veth pair vA-vB, both links down and without
+// addresses, and returns a runner of ip(8) that fails the test on error.
+func vethPair(t *testing.T, nsA, nsB, vA, vB string) func(args ...string) {
+	ip := func(args ...string) {
+		out, err := exec.Command("ip", args...).CombinedOutput()
+		require.NoError(t, err, "ip %s: %s", strings.Join(args, " "), out)
+	}
+	t.Cleanup(func() {
+		exec.Command("ip", "netns", "del", nsA).Run()
+		exec.Command("ip", "netns", "del", nsB).Run()
+	})
+	ip("netns", "add", nsA)
+	ip("netns", "add", nsB)
+	ip("link", "add", vA, "netns", nsA, "type", "veth", "peer", "name", vB, "netns", nsB)
+	return ip
+}
+
 // newHosts creates the namespaces and the veth pair, at linkMTU bytes.
 func newHosts(t *testing.T, linkMTU int) *hosts {
 	id := os.Getpid() % 200
@@ -168,17 +186,7 @@ func newHosts(t *testing.T, linkMTU int) *hosts {
 		ipB: fmt.Sprintf("10.233.%d.2", id),
 	}
 	vA, vB := fmt.Sprintf("srv%da", id), fmt.Sprintf("srv%db", id)
-	ip := func(args ...string) {
-		out, err := exec.Command("ip", args...).CombinedOutput()
-		require.NoError(t, err, "ip %s: %s", strings.Join(args, " "), out)
-	}
-	t.Cleanup(func() {
-		exec.Command("ip", "netns", "del", h.nsA).Run()
-		exec.Command("ip", "netns", "del", h.nsB).Run()
-	})
-	ip("netns", "add", h.nsA)
-	ip("netns", "add", h.nsB)
-	ip("link", "add", vA, "netns", h.nsA, "type", "veth", "peer", "name", vB, "netns", h.nsB)
+	ip := vethPair(t, h.nsA, h.nsB, vA, vB)
 	// The port's active MTU follows (rxe's rule: link MTU minus headers,
 	// rounded down to 256-4096): 9000 carries 4096-byte RoCE payloads,
 	// 1500 1024-byte ones.

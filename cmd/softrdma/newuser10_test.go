@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -140,18 +138,8 @@ func TestIPv6ServerInFreshNetns(t *testing.T) {
 		ipA: fmt.Sprintf("fd%02x::1", id),
 		ipB: fmt.Sprintf("fd%02x::2", id),
 	}
-	ip := func(args ...string) {
-		out, err := exec.Command("ip", args...).CombinedOutput()
-		require.NoError(t, err, "ip %s: %s", strings.Join(args, " "), out)
-	}
-	t.Cleanup(func() {
-		exec.Command("ip", "netns", "del", h.nsA).Run()
-		exec.Command("ip", "netns", "del", h.nsB).Run()
-	})
-	ip("netns", "add", h.nsA)
-	ip("netns", "add", h.nsB)
 	vA, vB := fmt.Sprintf("s6v%da", id), fmt.Sprintf("s6v%db", id)
-	ip("link", "add", vA, "netns", h.nsA, "type", "veth", "peer", "name", vB, "netns", h.nsB)
+	ip := vethPair(t, h.nsA, h.nsB, vA, vB)
 	// As the README's recipe: lo stays down, IPv4 addresses on the veth
 	// (with them, Go's listener on ":port" is IPv4 only; with IPv6
 	// addresses alone it happens to be dual-stack), and IPv6 ones added.
