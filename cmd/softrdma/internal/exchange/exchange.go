@@ -249,10 +249,23 @@ func (x *Conn) Recv(ctx context.Context, t MsgType) ([]byte, error) {
 	select {
 	case f, ok = <-x.in:
 	default:
+		if testHookRecvWait != nil {
+			testHookRecvWait()
+		}
 		select {
 		case f, ok = <-x.in:
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			// A frame can arrive as ctx ends (the peer's last frame, then
+			// its close, which cancels the caller's run): select picks
+			// either ready case at random, and the frame wins.
+			select {
+			case f, ok = <-x.in:
+				if !ok {
+					return nil, ctx.Err()
+				}
+			default:
+				return nil, ctx.Err()
+			}
 		}
 	}
 	if !ok {
@@ -273,6 +286,10 @@ func (x *Conn) Recv(ctx context.Context, t MsgType) ([]byte, error) {
 	}
 	return f.payload, nil
 }
+
+// testHookRecvWait, when set, runs in Recv after it found no frame
+// queued and before it waits for one or for its context.
+var testHookRecvWait func()
 
 // RecvJSON receives a frame of type t and decodes it into v.
 func (x *Conn) RecvJSON(ctx context.Context, t MsgType, v any) error {

@@ -263,3 +263,34 @@ func TestRecvNamesAPeerThatClosed(t *testing.T) {
 		x.Close()
 	}
 }
+
+// TestConnFrameBeatsContextEndedMeanwhile: the peer's last frame and then
+// its close, which ends the caller's context (perf's run cancels on
+// Done), both arrive while Recv goes from finding no frame to waiting:
+// the frame is delivered, not "context canceled". (Seen in CI: the
+// server of write-bw failed with a bare "context canceled" after the
+// client's verdict and close.) Both select cases are then ready; without
+// the fix each iteration fails with probability 1/2.
+func TestConnFrameBeatsContextEndedMeanwhile(t *testing.T) {
+	defer func() { testHookRecvWait = nil }()
+	for i := range 32 {
+		c, s := pair(t)
+		errc := make(chan error, 1)
+		go func() { errc <- s.Sync(ctx(t)) }()
+		require.NoError(t, c.Sync(ctx(t)))
+		require.NoError(t, <-errc)
+		cctx, cancel := context.WithCancel(context.Background())
+		testHookRecvWait = func() {
+			require.NoError(t, s.SendJSON(MsgSync, map[string]int{"i": i}))
+			s.Close()
+			<-c.Done()
+			cancel()
+		}
+		var v map[string]int
+		require.NoError(t, c.RecvJSON(cctx, MsgSync, &v), "iteration %d", i)
+		assert.Equal(t, i, v["i"])
+		testHookRecvWait = nil
+		_, err := c.Recv(cctx, MsgSync)
+		assert.ErrorIs(t, err, io.ErrUnexpectedEOF, "then the close")
+	}
+}
