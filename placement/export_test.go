@@ -21,3 +21,17 @@ func (m *MR) DirectBytes() []byte {
 	}
 	return nil
 }
+
+// OccupyAsyncFaults takes every slot of the background faults (as
+// maxAsyncFaults faults in flight would), waiting for those running to
+// end; release gives the slots back.
+func (e *Engine) OccupyAsyncFaults() (release func()) {
+	for range cap(e.asyncSem) {
+		e.asyncSem <- struct{}{}
+	}
+	return func() {
+		for range cap(e.asyncSem) {
+			<-e.asyncSem
+		}
+	}
+}

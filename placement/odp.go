@@ -311,8 +311,8 @@ func (e *Engine) faultRemote(pd, qpn, rkey uint32, va, n uint64, write bool, fl 
 // populates the pages nobody has touched yet (FaultPopulate), so that the
 // retried packet's copy does not take the kernel's page fault on the
 // receive loop. At most maxAsyncFaults run at once; beyond that the
-// request is dropped (the retried packet faults again) and false is
-// returned.
+// request is not started (the retried packet faults again) and false is
+// returned, for the caller to count (odp_async_faults_busy).
 func (e *Engine) FaultAsync(pd, rkey uint32, va, n uint64, write bool) bool {
 	return e.FaultAsyncQP(pd, 0, rkey, va, n, write)
 }
@@ -357,19 +357,20 @@ func (e *Engine) faultHeldAsync(ent *stag.Entry[*MR], va, n uint64, write bool) 
 // FaultCursorAsync starts, in the background, the fault of the next n
 // bytes of the cursor's message (at most what is left of it) in the MR the
 // cursor holds — a message through a memory window included; pd, the QP's
-// protection domain, is not needed for it. It returns WouldFault when the fault was started
-// (or the background is busy: the retried packet faults again), and
+// protection domain, is not needed for it. It returns WouldFault when the
+// fault was started, or when maxAsyncFaults faults are running already
+// (busy true: none was started, and the retried packet faults again), and
 // RemoteAccessErr when the pages of the packet (the next pkt bytes) cannot
 // be faulted in at all (not mapped in the host, or read-only for a write),
 // checked without blocking.
-func (e *Engine) FaultCursorAsync(c *Cursor, pkt, n uint64, pd uint32) Status {
+func (e *Engine) FaultCursorAsync(c *Cursor, pkt, n uint64, pd uint32) (st Status, busy bool) {
 	s := &c.s
 	if s.Entry == nil || s.Entry.Value.odp == nil {
-		return RemoteAccessErr
+		return RemoteAccessErr, false
 	}
 	pkt, n = min(pkt, s.Len-s.Done), min(max(n, pkt), s.Len-s.Done)
 	if pkt > 0 && !s.Entry.Value.odp.t.Resolvable(s.IOVA+s.Done, pkt, s.Write) {
-		return RemoteAccessErr
+		return RemoteAccessErr, false
 	}
 	// The fault goes to the MR the cursor holds, under a counted
 	// reference (Hold, as FaultCursor): resolving the MR's own key as an
@@ -378,8 +379,9 @@ func (e *Engine) FaultCursorAsync(c *Cursor, pkt, n uint64, pd uint32) Status {
 	// faulted in for its retries.
 	if n > 0 && s.Hold() && !e.faultHeldAsync(s.Entry, s.IOVA+s.Done, n, s.Write) {
 		s.Entry.Release()
+		return WouldFault, true
 	}
-	return WouldFault
+	return WouldFault, false
 }
 
 // ResolvableRemote is Resolvable for the ODP MR named by rkey (an atomic's

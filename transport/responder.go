@@ -290,9 +290,13 @@ func (qp *QP) pageFault(b *txBatch, path *path, p *wire.Packet, c *placement.Cur
 			// its own first pages before the retry places them.
 			ahead = min(ahead, uint64(lim)*pagetable.PageSize/2)
 		}
-		if st := e.FaultCursorAsync(c, n, ahead, qp.pd); st != placement.WouldFault {
+		st, busy := e.FaultCursorAsync(c, n, ahead, qp.pd)
+		if st != placement.WouldFault {
 			qp.dev.counters.ODPFaultErrs.Add(1)
 			return st
+		}
+		if busy {
+			qp.dev.counters.ODPAsyncFaultsBusy.Add(1)
 		}
 		if p.Info.Mask&wire.MaskFirst != 0 {
 			e.End(c)
@@ -477,7 +481,9 @@ func (qp *QP) execAtomic(p *wire.Packet, path *path, b *txBatch) {
 		if qp.dev.policy == FaultRNR {
 			if qp.dev.place.ResolvableRemoteQP(qp.pd, uint32(qp.qpn), a.RKey(), a.VA(), 8, true) {
 				qp.odpRNR(b, path, p.PSN())
-				qp.dev.place.FaultAsyncQP(qp.pd, uint32(qp.qpn), a.RKey(), a.VA(), 8, true)
+				if !qp.dev.place.FaultAsyncQP(qp.pd, uint32(qp.qpn), a.RKey(), a.VA(), 8, true) {
+					qp.dev.counters.ODPAsyncFaultsBusy.Add(1)
+				}
 				return
 			}
 			qp.dev.counters.ODPFaultErrs.Add(1)

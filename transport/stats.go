@@ -27,6 +27,7 @@ type Counters struct {
 	ODPSyncFaults       atomic.Uint64 // responder page faults resolved inline (fault policy sync, and READ)
 	ODPRNRNAKs          atomic.Uint64 // RNR NAKs sent for responder page faults (fault policy rnr; also in send_rnr_err)
 	ODPFaultErrs        atomic.Uint64 // responder page faults that could not be resolved (NAK remote access error)
+	ODPAsyncFaultsBusy  atomic.Uint64 // fault policy rnr: RNR NAKs whose background fault was not started, placement's limit of faults in flight being reached (the retry faults again; not an rxe counter)
 	AsyncEventsDropped  atomic.Uint64 // asynchronous events dropped because the device's event queue (MaxAsyncEvents) was full (not an rxe counter)
 
 	Drops [NumDropReasons]atomic.Uint64 // per DropReason
@@ -102,6 +103,7 @@ func (c *Counters) Snapshot() []Counter {
 		{"odp_sync_faults", c.ODPSyncFaults.Load()},
 		{"odp_rnr_naks", c.ODPRNRNAKs.Load()},
 		{"odp_fault_errors", c.ODPFaultErrs.Load()},
+		{"odp_async_faults_busy", c.ODPAsyncFaultsBusy.Load()},
 		{"async_events_dropped", c.AsyncEventsDropped.Load()},
 	}
 	for r := DropReason(0); r < NumDropReasons; r++ {
