@@ -96,7 +96,8 @@ func (t *traffic) start() {
 }
 
 // report adds the custom metrics of a run of n ops: the requester's
-// retransmissions (and, for SEND, RNR NAKs received) per op, and how many
+// retransmissions (and, for SEND, RNR NAKs received) per op, the
+// acknowledgements it received per op when it sends the data, and how many
 // datagrams each send syscall (sendmmsg) of the data sender and each
 // receive syscall (recvmmsg, including ones that found nothing) of the
 // data receiver carried. It fails the benchmark if any datagram failed
@@ -107,6 +108,10 @@ func (t *traffic) report(b *testing.B, n int) {
 	time.Sleep(5 * time.Millisecond)
 	req, tx, rx := sampleOf(t.req), sampleOf(t.dataTx), sampleOf(t.dataRx)
 	b.ReportMetric(float64(req.retransmits-t.s0[0].retransmits)/float64(n), "retransmits/op")
+	if t.req != nil && t.req == t.dataTx {
+		// WRITE and SEND: what the requester receives is ACKs (and NAKs).
+		b.ReportMetric(float64(req.rcvdDgrams-t.s0[0].rcvdDgrams)/float64(n), "acks/op")
+	}
 	if t.rnr {
 		b.ReportMetric(float64(req.rnrNAKs-t.s0[0].rnrNAKs)/float64(n), "rnr-naks/op")
 	}
