@@ -131,14 +131,14 @@ func TestDeadLinkBoundsBothSides(t *testing.T) {
 			idle + peerGrace + 3*time.Second, 0},
 		{"send-bw -D", SendBW, Params{Duration: 300 * time.Millisecond}, 200 * time.Millisecond,
 			`^-D 300ms: the work requests still outstanding did not complete within 300ms after the run, and no result came ` +
-				`from the peer at 127\.0\.0\.1:\d+ in the 300ms after that \(300ms \+ 300ms \+ 300ms allowed, (\d+\.\d)s waited in all\): ` +
-				`the peer or the path to it is probably dead`,
+				`from the server at 127\.0\.0\.1:\d+ in the 300ms after that \(300ms \+ 300ms \+ 300ms allowed, (\d+\.\d)s waited in all\): ` +
+				`the server or the path to it is probably dead`,
 			`^-D 300ms: the peer's run did not end and no result came from it within 900ms \(the duration, 300ms for its work requests ` +
 				`still outstanding, and 300ms for its result\): the peer or the path to it is probably dead`,
 			900*time.Millisecond + 3*time.Second, 0},
 		{"write-bw -D", WriteBW, Params{Duration: 300 * time.Millisecond}, 200 * time.Millisecond,
 			`^-D 300ms: the work requests still outstanding did not complete within 300ms after the run, and no result came ` +
-				`from the peer at 127\.0\.0\.1:\d+ in the 300ms after that \(300ms \+ 300ms \+ 300ms allowed, (\d+\.\d)s waited in all\): `,
+				`from the server at 127\.0\.0\.1:\d+ in the 300ms after that \(300ms \+ 300ms \+ 300ms allowed, (\d+\.\d)s waited in all\): `,
 			`^-D 300ms: the peer's run did not end and no result came from it within 900ms`,
 			900*time.Millisecond + 3*time.Second, 0},
 		// A side that reached its run late, its bounds already running
@@ -147,7 +147,7 @@ func TestDeadLinkBoundsBothSides(t *testing.T) {
 		// counted from after the stall: "0.6s waited" of 0.9s allowed).
 		{"write-bw -D, late", WriteBW, Params{Duration: 300 * time.Millisecond}, 200 * time.Millisecond,
 			`^-D 300ms: the work requests still outstanding did not complete within 300ms after the run, and no result came ` +
-				`from the peer at 127\.0\.0\.1:\d+ in the 300ms after that \(300ms \+ 300ms \+ 300ms allowed, (\d+\.\d)s waited in all\): `,
+				`from the server at 127\.0\.0\.1:\d+ in the 300ms after that \(300ms \+ 300ms \+ 300ms allowed, (\d+\.\d)s waited in all\): `,
 			`^-D 300ms: the peer's run did not end and no result came from it within 900ms`,
 			900*time.Millisecond + 3*time.Second + 600*time.Millisecond, 600 * time.Millisecond},
 	} {

@@ -1,6 +1,7 @@
 package perf
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -205,7 +206,10 @@ func (s *session) boundErr(parent context.Context, err error) error {
 // drainError describes the expiry of this side's -D drain limit, with the
 // packets received from the peer while it drained.
 func (s *session) drainError() *drainError {
-	e := &drainError{d: s.p.Duration, drain: drainLimit(s.p.Duration), peer: s.peerLabel(), start: s.roundStart}
+	e := &drainError{d: s.p.Duration, drain: drainLimit(s.p.Duration), role: "server", peer: s.peerLabel(), start: s.roundStart}
+	if s.server {
+		e.role = "client"
+	}
 	if v := s.rcvdAtDrain.Load(); v >= 0 && s.dev != nil {
 		e.rcvdDuring = int64(s.dev.Counters().RcvdPkts.Load()) - v
 	}
@@ -220,8 +224,12 @@ func (s *session) drainError() *drainError {
 // limits). It reads without Go's "context deadline exceeded".
 type drainError struct {
 	d, drain time.Duration
-	peer     string    // "IP:PORT" of the exchange, or the -R peer's IP
-	start    time.Time // the round's start (its run, after the barrier)
+	// role and peer name the other side: "server" or "client" (the
+	// message is also printed by the other side after "peer: ", where
+	// "the peer" would name the side printing it), and its exchange's
+	// "IP:PORT", or the -R peer's IP.
+	role, peer string
+	start      time.Time // the round's start (its run, after the barrier)
 	// rcvdDuring is the packets the device received while it drained:
 	// the path was delivering, only not fast enough (0: none, or unknown).
 	rcvdDuring int64
@@ -236,22 +244,23 @@ func (e *drainError) Error() string {
 	if e.waited > 0 {
 		total = fmt.Sprintf(", %.1fs waited in all", e.waited.Seconds())
 	}
+	role := cmp.Or(e.role, "peer")
 	if e.noResult {
 		return fmt.Sprintf("-D %v: the work requests still outstanding did not complete within %v after the run, "+
-			"and no result came from the peer at %s in the %v after that (%v + %v + %v allowed%s): "+
-			"the peer or the path to it is probably dead (the QPs retry for ever, retry_cnt 7 as on rxe; "+
-			"each wait is max(10s, -D))", e.d, e.drain, e.peer, e.resultWait, e.d, e.drain, e.resultWait, total)
+			"and no result came from the %s at %s in the %v after that (%v + %v + %v allowed%s): "+
+			"the %s or the path to it is probably dead (the QPs retry for ever, retry_cnt 7 as on rxe; "+
+			"each wait is max(10s, -D))", e.d, e.drain, role, e.peer, e.resultWait, e.d, e.drain, e.resultWait, total, role)
 	}
 	if e.rcvdDuring > 0 {
 		return fmt.Sprintf("-D %v: the work requests still outstanding did not all complete within %v after the run "+
-			"(%v + %v allowed%s), though the peer at %s was still sending (%d packets received during the wait): "+
+			"(%v + %v allowed%s), though the %s at %s was still sending (%d packets received during the wait): "+
 			"the path is slow, not dead (loss, --impair, a -u close to the round trip); "+
 			"fewer outstanding (-t) or smaller messages (-s) drain sooner (the wait is max(10s, -D))",
-			e.d, e.drain, e.d, e.drain, total, e.peer, e.rcvdDuring)
+			e.d, e.drain, e.d, e.drain, total, role, e.peer, e.rcvdDuring)
 	}
 	return fmt.Sprintf("-D %v: the work requests still outstanding did not complete within %v after the run "+
-		"(%v + %v allowed%s): is the peer at %s alive? (the QPs retry for ever, retry_cnt 7 as on rxe; "+
-		"the wait is max(10s, -D))", e.d, e.drain, e.d, e.drain, total, e.peer)
+		"(%v + %v allowed%s): is the %s at %s alive? (the QPs retry for ever, retry_cnt 7 as on rxe; "+
+		"the wait is max(10s, -D))", e.d, e.drain, e.d, e.drain, total, role, e.peer)
 }
 
 // Unwrap returns context.DeadlineExceeded: the drain limit expired
