@@ -201,7 +201,12 @@ func (d Direction) String() string {
 // short to hold a packet, which are then dropped). ipID is the
 // IPv4 Identification the datagram carries on the wire (sent: what the
 // kernel assigns; received: the one its ICRC verified with, or the first
-// guess if it did not verify); it is 0 for IPv6.
+// guess if it did not verify); it is 0 for IPv6. Each datagram is seen
+// once: a GSO super-buffer that the kernel refused as a whole and that is
+// sent again without GSO (other IDs, so other ICRCs) is seen as it was
+// first handed over, and a datagram the kernel refused is seen too (the
+// tap runs before the send, so that a tap shared with the receiving conn
+// records the send first).
 //
 // Packet is called with one of the conn's locks held: it must be quick and
 // must not call back into the conn. roce aliases the conn's buffers and is

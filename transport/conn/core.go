@@ -28,6 +28,12 @@ type item struct {
 	icrcID  uint16
 	corrupt bool // flip buf[pos] ^= mask: after the ICRC (send), before delivery (receive)
 	flipped bool // send: the flip is applied (undo it before recomputing the ICRC)
+	// tapped: send: the tap saw it. A GSO run the kernel refused as a
+	// whole is finished again (new IPv4 IDs, ICRCs) and sent again; the
+	// tap records each datagram once, as first handed to the kernel
+	// (after the send would break the order of a tap shared with the
+	// receiver, which sees the datagram during the sendmmsg).
+	tapped bool
 	pos     int32
 	mask    byte
 }
@@ -346,8 +352,9 @@ func (c *core) finishTx(it *item, id uint16) {
 		it.buf[it.pos] ^= it.mask
 		it.flipped = true
 	}
-	if t := c.tap.Load(); t != nil {
+	if t := c.tap.Load(); t != nil && !it.tapped {
 		t.t.Packet(DirTx, src, it.addr, id, it.buf)
+		it.tapped = true
 	}
 }
 

@@ -75,3 +75,55 @@ func TestGSOEIOKeepsAnEarlierRefusal(t *testing.T) {
 		}
 	}
 }
+
+// countTap counts the datagrams a Tap saw sent, by PSN.
+type countTap struct{ sent map[wire.PSN]int }
+
+func (t *countTap) Packet(dir Direction, _, _ netip.AddrPort, _ uint16, roce []byte) {
+	if dir == DirTx {
+		t.sent[wire.BTH(roce).PSN()]++
+	}
+}
+
+// TestRefusedGSORunIsTappedOnce: a GSO super-buffer that the kernel fails
+// as a whole (EIO: GSO turned off; EMSGSIZE: its packets go again one per
+// message) is sent again, with new IPv4 IDs and ICRCs; the tap (a pcap)
+// records each datagram once, as it was first handed to the kernel. It
+// used to record the run's packets twice.
+func TestRefusedGSORunIsTappedOnce(t *testing.T) {
+	for _, errno := range []unix.Errno{unix.EIO, unix.EMSGSIZE} {
+		t.Run(errno.Error(), func(t *testing.T) {
+			lo := netip.MustParseAddr("127.0.0.1")
+			tap := &countTap{sent: map[wire.PSN]int{}}
+			c, err := Listen(Config{Addr: netip.AddrPortFrom(lo, 0), Tap: tap})
+			require.NoError(t, err)
+			defer c.Close()
+			if gso, _ := c.Offload(); !gso {
+				t.Skip("no UDP GSO")
+			}
+			peer, err := Listen(Config{Addr: netip.AddrPortFrom(lo, 0), DisableGRO: true})
+			require.NoError(t, err)
+			defer peer.Close()
+			calls := 0
+			real := c.sendFn
+			c.sendFn = func(fd uintptr) bool {
+				calls++
+				if calls == 1 { // the super-buffer of all three
+					require.Equal(t, 3, c.sruns[0].count)
+					c.sN, c.sErr = 0, errno
+					return true
+				}
+				return real(fd)
+			}
+			var pkts []Packet
+			for psn := range 3 {
+				b := make([]byte, 200-50*(psn/2)) // two of 200 bytes, a shorter last
+				wire.BTH(b).Encode(&wire.BTHFields{Opcode: wire.OpRDMAWriteMiddle, PKey: wire.DefaultPKey, DestQP: 0x11, PSN: wire.PSN(psn)})
+				pkts = append(pkts, Packet{Buf: b, Addr: peer.LocalAddr()})
+			}
+			require.NoError(t, c.Send(pkts))
+			require.Greater(t, calls, 1, "the run was sent again")
+			require.Equal(t, map[wire.PSN]int{0: 1, 1: 1, 2: 1}, tap.sent)
+		})
+	}
+}
