@@ -743,8 +743,12 @@ func (s *session) interrupted(err error) bool {
 
 func (s *session) runServer(ctx context.Context) error {
 	o := s.o
-	if err := checkBindable(o.Bind); err != nil && o.Device == nil {
-		return err
+	// A --bind IP:PORT opened the device at startup (openBoundDevice):
+	// probing its address again would find it taken by the device itself.
+	if s.dev == nil {
+		if err := checkBindable(o.Bind); err != nil && o.Device == nil {
+			return err
+		}
 	}
 	ln := o.Listener
 	if ln == nil {
