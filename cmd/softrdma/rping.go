@@ -34,6 +34,7 @@ type rpingCmd struct {
 	Timeout  time.Duration `placeholder:"DURATION" help:"Give up connecting after this long (default: the CM's 15 retries of 4.3 s)."`
 
 	ConnectTimeout time.Duration `name:"connect-timeout" placeholder:"DURATION" help:"Client: keep trying while the server refuses (REJ invalid service ID: not listening yet) for this long (default: one attempt, as rping)."`
+	IdleTimeout    time.Duration `name:"idle-timeout" default:"10s" placeholder:"DURATION" help:"Once connected, fail when no completion and no packet from the peer came for this long: a peer killed with SIGKILL sends no DREQ (softrdma's CM is in its process) and the QP retries for ever (0: wait for ever, as rping). 100ms to 24h."`
 }
 
 func (c *rpingCmd) run(ctx context.Context, stdout, stderr io.Writer) int {
@@ -46,13 +47,13 @@ func (c *rpingCmd) run(ctx context.Context, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	if err := cmp.Or(checkTimeout("--timeout", c.Timeout), checkTimeout("--connect-timeout", c.ConnectTimeout),
-		checkPcap(c.Pcap)); err != nil {
+		checkIdleTimeout("--idle-timeout", c.IdleTimeout), checkPcap(c.Pcap)); err != nil {
 		fmt.Fprintf(stderr, "softrdma: rping: %v\n", err)
 		return exitUsage
 	}
 	err := rping.Run(ctx, rping.Options{Server: c.Server, Client: c.Client, Addr: c.Addr, Source: c.Source,
 		Port: c.Port, Count: c.Count, Size: c.Size, Verbose: c.Verbose, Validate: c.Validate, Debug: c.Debug,
-		Bind: c.Bind, RoCEPort: c.RoCEPort, Pcap: c.Pcap, Stat: c.Stat, Timeout: c.Timeout, ConnectTimeout: c.ConnectTimeout,
+		Bind: c.Bind, RoCEPort: c.RoCEPort, Pcap: c.Pcap, Stat: c.Stat, Timeout: c.Timeout, ConnectTimeout: c.ConnectTimeout, IdleTimeout: c.IdleTimeout,
 		Stdout: stdout, Stderr: stderr})
 	var ue *rping.UsageError
 	switch {

@@ -1,10 +1,13 @@
 package main
 
 import (
+	"context"
 	"net"
+	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -16,13 +19,14 @@ func TestRPingFlags(t *testing.T) {
 	c, cmd, err := parse(t, "rping", "-s")
 	require.NoError(t, err)
 	require.Equal(t, "rping", cmd)
-	// rping.c's defaults: port 7174, size 64, count 0 (forever).
-	assert.Equal(t, rpingCmd{Server: true, Port: 7174, Size: 64}, c.RPing)
+	// rping.c's defaults: port 7174, size 64, count 0 (forever); and
+	// softrdma's --idle-timeout 10s, as the other tools'.
+	assert.Equal(t, rpingCmd{Server: true, Port: 7174, Size: 64, IdleTimeout: 10 * time.Second}, c.RPing)
 	c, _, err = parse(t, "rping", "-c", "-a", "192.168.77.10", "-I", "192.168.77.1", "-p", "9000", "-C", "3",
 		"-S", "100", "-v", "-V", "-d", "-q")
 	require.NoError(t, err)
 	assert.Equal(t, rpingCmd{Client: true, Addr: "192.168.77.10", Source: "192.168.77.1", Port: 9000, Count: 3,
-		Size: 100, Verbose: true, Validate: true, Debug: true, SelfQP: true}, c.RPing)
+		Size: 100, Verbose: true, Validate: true, Debug: true, SelfQP: true, IdleTimeout: 10 * time.Second}, c.RPing)
 
 	for _, args := range [][]string{
 		{"rping"},                      // neither -s nor -c
@@ -33,6 +37,7 @@ func TestRPingFlags(t *testing.T) {
 		{"rping", "-c", "-a", "::1", "-C", "-1"},
 		{"rping", "-s", "-P"}, // persistent server: not supported
 		{"rping", "-s", "--bind", "nonsense"},
+		{"rping", "-s", "--idle-timeout", "1ms"}, // 0 or at least 100ms, as every tool's
 	} {
 		code, _, stderr := runCLI(t, args...)
 		assert.Equal(t, exitUsage, code, "%v: %s", args, stderr)
@@ -94,4 +99,59 @@ func TestRPingTimeoutMessage(t *testing.T) {
 		"--bind", "127.0.0.1:0", "--roce-port", roce)
 	assert.Equal(t, exitFail, code)
 	assert.Equal(t, "softrdma: rping: connect error: no server answered at 127.0.0.1:22550 within --timeout 300ms\n", stderr)
+}
+
+// firstPing is a writer that closes seen at the first "ping data" line.
+type firstPing struct {
+	mu   sync.Mutex
+	buf  strings.Builder
+	seen chan struct{}
+}
+
+func (w *firstPing) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf.Write(p)
+	if strings.Contains(w.buf.String(), "ping data: ") && w.seen != nil {
+		close(w.seen)
+		w.seen = nil
+	}
+	return len(p), nil
+}
+
+// TestRPingServerKilledIdleTimeout: a client running until interrupted
+// (-C 0) whose server is killed with SIGKILL fails once --idle-timeout
+// passes without a completion or a packet, naming the flag; it waited
+// for ever (the real rping's kernel CM sends a DREQ when its process
+// dies; softrdma's CM lives in the process, and the QP retries for ever,
+// retry_cnt 7 as on rxe).
+func TestRPingServerKilledIdleTimeout(t *testing.T) {
+	_, bin := buildTool(t)
+	u, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	udp := strconv.Itoa(u.LocalAddr().(*net.UDPAddr).Port)
+	require.NoError(t, u.Close())
+	cmPort := strconv.Itoa(8174 + int(time.Now().UnixNano()%1000))
+	srv := exec.Command(bin, "rping", "-s", "-a", "127.0.0.1", "-p", cmPort, "--bind", "127.0.0.1:"+udp)
+	require.NoError(t, srv.Start())
+	t.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
+
+	seen := make(chan struct{})
+	out := &firstPing{seen: seen}
+	var e strings.Builder
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	go func() {
+		select {
+		case <-seen:
+			srv.Process.Signal(syscall.SIGKILL)
+		case <-ctx.Done():
+		}
+	}()
+	code := run(ctx, []string{"rping", "-c", "-a", "127.0.0.1", "-p", cmPort, "-C", "0", "-v",
+		"--bind", "127.0.0.2:" + udp, "--roce-port", udp, "--connect-timeout", "30s", "--idle-timeout", "300ms"}, out, &e)
+	require.NoError(t, ctx.Err(), "the client waited until the test's limit: %s", e.String())
+	assert.Equal(t, exitFail, code, e.String())
+	assert.Regexp(t, `^softrdma: rping: no completion and no packet from the peer for 300ms \(--idle-timeout\), [0-9]+ pings done: `+
+		`the peer or the path to it is probably dead`, e.String())
 }

@@ -19,6 +19,7 @@ type Watch struct {
 	count  atomic.Int64 // iterations done, as the loop last noted them
 	notes  atomic.Int64 // Progress and Done calls
 	fired  atomic.Bool
+	source bool // StartWith was given a source
 	cancel context.CancelFunc
 	stopc  chan struct{}
 }
@@ -26,12 +27,24 @@ type Watch struct {
 // Start returns ctx, cancelled once limit passes without Progress or
 // Done, and its watch; with limit ≤ 0, ctx itself and a nil watch.
 func Start(ctx context.Context, limit time.Duration) (context.Context, *Watch) {
+	return StartWith(ctx, limit, nil)
+}
+
+// StartWith is Start with a second source of progress: the watch reads
+// source (a counter, such as the packets a device received) at each of
+// its checks, and a value that changed since the last check is progress,
+// noted before the limit is checked. nil means none.
+func StartWith(ctx context.Context, limit time.Duration, source func() uint64) (context.Context, *Watch) {
 	if limit <= 0 {
 		return ctx, nil
 	}
-	w := &Watch{limit: limit, stopc: make(chan struct{})}
+	w := &Watch{limit: limit, stopc: make(chan struct{}), source: source != nil}
 	ctx, w.cancel = context.WithCancel(ctx)
 	w.Progress()
+	var seen uint64
+	if source != nil {
+		seen = source()
+	}
 	go func() {
 		defer close(w.stopc)
 		tick := time.NewTicker(max(limit/8, time.Millisecond))
@@ -41,6 +54,12 @@ func Start(ctx context.Context, limit time.Duration) (context.Context, *Watch) {
 			case <-ctx.Done():
 				return
 			case now := <-tick.C:
+				if source != nil {
+					if v := source(); v != seen {
+						seen = v
+						w.last.Store(now.UnixNano())
+					}
+				}
 				if now.UnixNano()-w.last.Load() >= int64(limit) {
 					w.fired.Store(true)
 					w.cancel()
@@ -95,6 +114,10 @@ func (w *Watch) Limit() time.Duration {
 	}
 	return w.limit
 }
+
+// Sourced reports whether the watch reads a second source of progress
+// (StartWith).
+func (w *Watch) Sourced() bool { return w != nil && w.source }
 
 // Expired reports whether the watch cancelled the run.
 func (w *Watch) Expired() bool { return w != nil && w.fired.Load() }

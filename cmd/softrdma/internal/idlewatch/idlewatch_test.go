@@ -2,6 +2,7 @@ package idlewatch_test
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -58,4 +59,25 @@ func TestNoLimit(t *testing.T) {
 	require.Zero(t, w.Count())
 	require.Zero(t, w.Limit())
 	require.Zero(t, w.Notes())
+}
+
+// TestWatchSource: a source whose value changes between the watch's
+// checks is progress (no Progress call in the run): a run longer than
+// the limit is not ended while it changes, and is once it stops.
+func TestWatchSource(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var pkts atomic.Uint64
+		ctx, w := idlewatch.StartWith(context.Background(), time.Second, pkts.Load)
+		defer w.Stop()
+		require.True(t, w.Sourced())
+		for i := range 5 { // 5 × 0.9 s
+			time.Sleep(900 * time.Millisecond)
+			require.NoError(t, ctx.Err(), "cancelled after %d changes 0.9 s apart", i)
+			pkts.Add(3)
+		}
+		time.Sleep(1300 * time.Millisecond) // a limit and more than a check interval
+		synctest.Wait()
+		require.ErrorIs(t, ctx.Err(), context.Canceled)
+		require.True(t, w.Expired())
+	})
 }

@@ -9,9 +9,11 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -578,4 +580,19 @@ func TestStreamEndsWithNoWorkRequestOutstanding(t *testing.T) {
 		}
 	}
 	assert.Empty(t, bad, "runs that returned with work requests outstanding")
+}
+
+// TestServerBindIPPort: a server whose --bind names an IP and a non-zero
+// UDP port (docs/cli.md: "softrdma send-bw -R --bind 127.0.0.1:47911")
+// serves its client on that port. The device opens at startup, and the
+// server's probe of the address (checkBindable) found it taken by the
+// device itself: every such server failed with "address already in use".
+func TestServerBindIPPort(t *testing.T) {
+	free, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	bind := free.LocalAddr().String()
+	require.NoError(t, free.Close())
+	r := runPair(t, WriteBW, Options{Bind: bind}, Options{Params: Params{Size: 4096, Iters: 5}})
+	requireOK(t, r)
+	assert.Contains(t, r.srvOut, "local address: IP 127.0.0.1 UDP "+strconv.Itoa(int(netip.MustParseAddrPort(bind).Port())))
 }

@@ -304,3 +304,32 @@ func TestSetupBoundsAPeerSilentAfterItsHello(t *testing.T) {
 		t.Fatal("the server waits for ever for a client silent after its hello")
 	}
 }
+
+// TestIdleWatchCountsPackets: the idle watch of the side posting the work
+// counts the packets its device receives (the peer's ACKs) as progress,
+// as the passive side's does, not only completions: with few WRs
+// signaled and large messages the first completion comes long after the
+// ACKs began (a new-user pass: write-bw -s 1G -n 5 signals only its last
+// WRITE, 5 GiB that took 23 s here, and failed after the default 10 s
+// with "no completion ...: the peer or the path to it is probably dead"
+// while the ACKs kept coming). The watch's reading of its source is tested
+// on synctest's clock (idlewatch.TestWatchSource); here, that each side's
+// watch reads one.
+func TestIdleWatchCountsPackets(t *testing.T) {
+	var cli, srv *idlewatch.Watch
+	testHookRunSide = func(s *session) {
+		if s.server {
+			srv = s.idle
+		} else {
+			cli = s.idle
+		}
+	}
+	t.Cleanup(func() { testHookRunSide = nil })
+	r := runPair(t, WriteBW, Options{IdleTimeout: time.Minute},
+		Options{Params: Params{Size: 1 << 20, Iters: 5}, IdleTimeout: time.Minute})
+	requireOK(t, r)
+	require.NotNil(t, cli, "the client's run had an idle watch")
+	require.NotNil(t, srv, "the server's run had an idle watch")
+	assert.True(t, cli.Sourced(), "the client's watch counts received packets")
+	assert.True(t, srv.Sourced(), "the server's watch counts received packets")
+}

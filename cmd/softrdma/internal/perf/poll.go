@@ -282,11 +282,22 @@ func (s *session) peerLabel() string {
 // watchIdle returns ctx, cancelled once o.IdleTimeout passes without
 // progress, and the watch (idlewatch); without an idle timeout, or in a -D
 // run (bounded by its drain limit instead), ctx itself and a nil watch.
+// Progress is a completion the run's loops note, or a packet the device
+// received (rcvd_pkts): a side posting the work sees ACKs long before a
+// completion when few WRs are signaled (-Q) and messages are large
+// (write-bw -s 1G -n 5 signals only its last WRITE: 5 GiB, about 20 s at
+// 250 MB/s, with ACKs all along), and such a run is slow, not dead; a
+// dead peer or path sends nothing.
 func (s *session) watchIdle(ctx context.Context) (context.Context, *idlewatch.Watch) {
 	if s.p.Duration > 0 {
 		return ctx, nil
 	}
-	return idlewatch.Start(ctx, s.o.IdleTimeout)
+	var rcvd func() uint64
+	if s.dev != nil {
+		rx := &s.dev.Counters().RcvdPkts
+		rcvd = rx.Load
+	}
+	return idlewatch.StartWith(ctx, s.o.IdleTimeout, rcvd)
 }
 
 // Where --idle-timeout applies: the part of a round (-n) that waits for
@@ -320,28 +331,9 @@ func (s *session) watchIdle(ctx context.Context) (context.Context, *idlewatch.Wa
 // wait whenever it arrives, even as the watch expires (runSide). The
 // peer's checks (--verify) happen per completion, during the run.
 func (s *session) watchPassive(ctx context.Context) (context.Context, *idlewatch.Watch) {
-	ictx, w := s.watchIdle(ctx)
-	if w == nil {
-		return ctx, nil
-	}
-	rx := &s.dev.Counters().RcvdPkts
-	go func() {
-		last := rx.Load()
-		tick := time.NewTicker(max(w.Limit()/8, time.Millisecond))
-		defer tick.Stop()
-		for {
-			select {
-			case <-ictx.Done():
-				return
-			case <-tick.C:
-				if n := rx.Load(); n != last {
-					last = n
-					w.Progress()
-				}
-			}
-		}
-	}()
-	return ictx, w
+	// (watchIdle's watch counts the device's received packets as
+	// progress, on every side.)
+	return s.watchIdle(ctx)
 }
 
 // passiveIdleErr is the error of a passive side's run that watchPassive

@@ -631,14 +631,24 @@ const retryEvery = 200 * time.Millisecond
 // about 2 minutes (tcp_syn_retries 6); the error then names the address
 // and the flag. Without a timeout, one attempt, as perftest's.
 func dial(ctx context.Context, addr string, timeout time.Duration) (net.Conn, error) {
-	deadline := time.Now().Add(timeout)
 	var d net.Dialer
+	return dialWith(ctx, d.DialContext, addr, timeout)
+}
+
+// dialWith is dial with the function that makes one attempt (a
+// net.Dialer's DialContext). A refusal is reported as one even when the
+// deadline passed meanwhile (a loaded host), and an attempt that the
+// deadline cut after earlier ones were refused reports the refusal: the
+// server's host answered, so "no answer" would blame a host or firewall.
+func dialWith(ctx context.Context, dialContext func(context.Context, string, string) (net.Conn, error), addr string, timeout time.Duration) (net.Conn, error) {
+	deadline := time.Now().Add(timeout)
+	var refused error // the last attempt's refusal
 	for {
 		dctx, cancel := ctx, context.CancelFunc(func() {})
 		if timeout > 0 {
 			dctx, cancel = context.WithDeadline(ctx, deadline)
 		}
-		c, err := d.DialContext(dctx, "tcp", addr)
+		c, err := dialContext(dctx, "tcp", addr)
 		// (The dialer ends at the deadline itself, "i/o timeout",
 		// which can come before dctx's own timer.)
 		expired := timeout > 0 && (dctx.Err() != nil || errors.Is(err, os.ErrDeadlineExceeded))
@@ -648,6 +658,12 @@ func dial(ctx context.Context, addr string, timeout time.Duration) (net.Conn, er
 		}
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
+		}
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			refused = err
+		}
+		if expired && refused != nil {
+			return nil, refusedHint(refused, addr, timeout)
 		}
 		if expired {
 			return nil, &noAnswerError{addr: addr, timeout: timeout}
@@ -680,7 +696,7 @@ func refusedHint(err error, addr string, timeout time.Duration) error {
 }
 
 // noAnswerError is a connection attempt that --connect-timeout ended
-// while its SYN was unanswered (or refusals were retried until then).
+// while its SYN was unanswered, no attempt before it refused.
 type noAnswerError struct {
 	addr    string
 	timeout time.Duration
@@ -743,8 +759,12 @@ func (s *session) interrupted(err error) bool {
 
 func (s *session) runServer(ctx context.Context) error {
 	o := s.o
-	if err := checkBindable(o.Bind); err != nil && o.Device == nil {
-		return err
+	// A --bind IP:PORT opened the device at startup (openBoundDevice):
+	// probing its address again would find it taken by the device itself.
+	if s.dev == nil {
+		if err := checkBindable(o.Bind); err != nil && o.Device == nil {
+			return err
+		}
 	}
 	ln := o.Listener
 	if ln == nil {

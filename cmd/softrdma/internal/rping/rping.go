@@ -30,6 +30,7 @@ import (
 
 	"github.com/softrdma/softrdma"
 	"github.com/softrdma/softrdma/cmd/softrdma/internal/hostaddr"
+	"github.com/softrdma/softrdma/cmd/softrdma/internal/idlewatch"
 	"github.com/softrdma/softrdma/rdmacm"
 	"github.com/softrdma/softrdma/transport/pcaptap"
 	"github.com/softrdma/softrdma/transport/wire"
@@ -80,6 +81,13 @@ type Options struct {
 	// server refuses with REJ "invalid service ID" (nobody listens yet);
 	// 0: one attempt, as rping.
 	ConnectTimeout time.Duration
+	// IdleTimeout ends a connected run (exit 1) once no completion came
+	// and the device received no packet for this long (0: wait for
+	// ever, as rping). A killed rping's kernel CM sends a DREQ, so the
+	// real rping's peer sees the disconnection; softrdma's CM lives in
+	// the process, and a peer killed with SIGKILL sends nothing, while
+	// the QPs retry for ever (retry_cnt 7, as on rxe).
+	IdleTimeout time.Duration
 
 	Stdout, Stderr io.Writer
 }
@@ -141,7 +149,9 @@ type side struct {
 	mrRDMA *softrdma.MR
 	mrSrc  *softrdma.MR
 	wcs    [4]softrdma.WC
-	maps   [][]byte // the buffers' mappings, unmapped at close
+	maps   [][]byte         // the buffers' mappings, unmapped at close
+	idle   *idlewatch.Watch // of the connected run (Options.IdleTimeout)
+	pings  int              // the client's pings done, the server's served
 }
 
 // Run runs rping as o says.
@@ -357,6 +367,7 @@ func (s *side) await(ctx context.Context, op softrdma.WCOpcode) (softrdma.WC, er
 		if n == 0 {
 			continue
 		}
+		s.idle.Progress()
 		wc := s.wcs[0]
 		if wc.Status == softrdma.WCWRFlushErr {
 			return wc, errDisconnected
@@ -423,12 +434,33 @@ func (s *side) server(ctx context.Context) error {
 	if err != nil {
 		return s.connectErr(ctx, err, fmt.Sprintf("the client at %v did not complete the connection (no RTU)", req.RemoteAddr()))
 	}
-	err = s.testServer(ctx)
+	err = s.watched(ctx, s.testServer)
 	if errors.Is(err, errDisconnected) {
 		fmt.Fprintln(o.Stderr, "server DISCONNECT EVENT...")
 		err = nil
 	}
 	_ = s.conn.Disconnect()
+	return err
+}
+
+// watched runs test (testServer or testClient) under Options.IdleTimeout:
+// a completion or a packet the device received is progress.
+func (s *side) watched(ctx context.Context, test func(context.Context) error) error {
+	rx := &s.dev.Counters().RcvdPkts
+	ictx, w := idlewatch.StartWith(ctx, s.o.IdleTimeout, rx.Load)
+	s.idle = w
+	err := test(ictx)
+	w.Stop()
+	if err != nil && w.Expired() && ctx.Err() == nil {
+		what := "pings done"
+		if s.o.Server {
+			what = "pings served"
+		}
+		return fmt.Errorf("no completion and no packet from the peer for %v (--idle-timeout), %d %s: "+
+			"the peer or the path to it is probably dead (a killed softrdma rping sends no DREQ: its CM lives in "+
+			"its process; the QP retries for ever, retry_cnt 7 as on rxe; --idle-timeout 0 waits for ever)",
+			w.Limit(), s.pings, what)
+	}
 	return err
 }
 
@@ -475,6 +507,7 @@ func (s *side) testServer(ctx context.Context) error {
 		if err := s.postSendInfo(); err != nil { // go ahead
 			return err
 		}
+		s.pings++
 	}
 }
 
@@ -507,7 +540,7 @@ func (s *side) client(ctx context.Context, dst netip.AddrPort) error {
 		}
 	}
 	s.debugf("rdma_connect successful")
-	err := s.testClient(ctx)
+	err := s.watched(ctx, s.testClient)
 	if errors.Is(err, errDisconnected) {
 		fmt.Fprintln(o.Stderr, "client DISCONNECT EVENT...")
 		err = nil
@@ -551,6 +584,7 @@ func (s *side) testClient(ctx context.Context) error {
 			fmt.Fprintf(o.Stdout, "ping data: %s\n", cString(s.rdma))
 		}
 		clear(s.rdma)
+		s.pings++
 	}
 	return nil
 }
