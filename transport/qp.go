@@ -408,19 +408,6 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 	if qp.dev.closed.Load() && next != QPStateReset && next != QPStateErr {
 		return fmt.Errorf("%w: modify QP to %v", ErrClosed, next)
 	}
-	if mask&QPAttrState != 0 && (next == QPStateReset || next == QPStateErr) {
-		// The responder's cursors go with the state (lock order respMu,
-		// sq, rq).
-		qp.respMu.Lock()
-		defer qp.respMu.Unlock()
-		qp.releaseRespLocked()
-	} else if mask&(QPAttrMaxDestRdAtomic|QPAttrRQPSN) != 0 {
-		// They change the responder's state, which the receive loop
-		// uses under respMu: in SQD (SQD -> SQD may change
-		// max_dest_rd_atomic) the responder is running.
-		qp.respMu.Lock()
-		defer qp.respMu.Unlock()
-	}
 	if next == QPStateErr && cur == QPStateReset && mask&QPAttrState != 0 {
 		// ERR is entered from any state but RESET (ib_modify_qp_is_ok).
 		return fmt.Errorf("%w: %v -> %v", ErrBadTransition, cur, next)
@@ -485,6 +472,23 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 	if mask&QPAttrMaxQPRdAtomic != 0 && int(attr.MaxRdAtomic) > MaxRdAtomic ||
 		mask&QPAttrMaxDestRdAtomic != 0 && int(attr.MaxDestRdAtomic) > MaxRdAtomic {
 		return fmt.Errorf("%w: max_rd_atomic above the device limit %d", ErrBadAttr, MaxRdAtomic)
+	}
+
+	// The responder's state changes only once the Modify is known to
+	// succeed: a refused one changes nothing, a message in progress
+	// included.
+	if mask&QPAttrState != 0 && (next == QPStateReset || next == QPStateErr) {
+		// The responder's cursors go with the state (lock order respMu,
+		// sq, rq).
+		qp.respMu.Lock()
+		defer qp.respMu.Unlock()
+		qp.releaseRespLocked()
+	} else if mask&(QPAttrMaxDestRdAtomic|QPAttrRQPSN) != 0 {
+		// They change the responder's state, which the receive loop
+		// uses under respMu: in SQD (SQD -> SQD may change
+		// max_dest_rd_atomic) the responder is running.
+		qp.respMu.Lock()
+		defer qp.respMu.Unlock()
 	}
 
 	// The UDP source port (sport.go): rxe's changes with an address

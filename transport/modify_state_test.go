@@ -1,0 +1,35 @@
+package transport
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/softrdma/softrdma/transport/wire"
+)
+
+// TestRefusedModifyToErrorKeepsMessageInProgress: a Modify to ERR (or
+// RESET) that fails its checks changes nothing (ibv_modify_qp returns
+// EINVAL and the QP goes on as before). Here RTS -> ERR names qkey, which
+// no RC transition to ERR takes, while a two-packet SEND is half received:
+// the SEND's LAST must still complete it. The refused Modify used to end
+// the responder's message before its checks ran, and the LAST was then out
+// of sequence: NAKed as an invalid request, the QP moved to ERR.
+func TestRefusedModifyToErrorKeepsMessageInProgress(t *testing.T) {
+	r := newResponderRig(t)
+	_, err := r.qp.PostRecv(RecvWR{WRID: 7, SGL: []SGE{{Addr: r.mr.Addr(), Length: 4096, LKey: r.mr.LKey()}}})
+	require.NoError(t, err)
+	r.deliver(r.build(wire.OpSendFirst, 1000, make([]byte, rigMTU), false, nil))
+	require.ErrorIs(t, r.qp.Modify(&QPAttr{State: QPStateErr, QKey: 5}, QPAttrState|QPAttrQKey), ErrBadAttr)
+	require.ErrorIs(t, r.qp.Modify(&QPAttr{State: QPStateReset, PathMTU: MTU256}, QPAttrState|QPAttrPathMTU), ErrBadAttr)
+	require.Equal(t, QPStateRTS, r.qp.State())
+	r.deliver(r.build(wire.OpSendLast, 1001, make([]byte, 8), true, nil))
+	op, syn, psn := r.answer()
+	require.Equal(t, wire.OpAcknowledge, op)
+	require.Equal(t, wire.SyndromeACK.Type(), syn.Type())
+	require.Equal(t, wire.PSN(1001), psn)
+	wcs := r.poll()
+	require.Len(t, wcs, 1)
+	require.Equal(t, WC{WRID: 7, Status: WCSuccess, Opcode: WCRecv, ByteLen: uint32(rigMTU + 8), QPN: wcs[0].QPN, SrcQP: wcs[0].SrcQP}, wcs[0])
+	require.Equal(t, QPStateRTS, r.qp.State())
+}
