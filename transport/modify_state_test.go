@@ -8,6 +8,27 @@ import (
 	"github.com/softrdma/softrdma/transport/wire"
 )
 
+// TestModifyWithoutStateNeedsAValidSelfTransition: a Modify whose mask
+// names no state is the transition from the current state to itself, and
+// ib_modify_qp_is_ok refuses it where Table 91 has no such transition
+// (qp_state_table[RTR][RTR] is not valid), whatever the mask: rxe answers
+// EINVAL for ibv_modify_qp(qp, &attr, 0) in RTR. INIT -> INIT, RTS -> RTS,
+// RESET -> RESET and ERR -> ERR are transitions and take an empty mask.
+// An empty mask used to succeed in RTR.
+func TestModifyWithoutStateNeedsAValidSelfTransition(t *testing.T) {
+	r := newResponderRig(t)
+	require.NoError(t, r.qp.Modify(&QPAttr{}, 0), "RTS -> RTS")
+	r.toRTR(t)
+	require.ErrorIs(t, r.qp.Modify(&QPAttr{}, 0), ErrBadTransition, "RTR -> RTR")
+	require.Equal(t, QPStateRTR, r.qp.State())
+	require.NoError(t, r.qp.Modify(&QPAttr{State: QPStateReset}, QPAttrState))
+	require.NoError(t, r.qp.Modify(&QPAttr{}, 0), "RESET -> RESET")
+	require.NoError(t, r.qp.Modify(&QPAttr{State: QPStateInit, Port: 1}, QPAttrState|QPAttrPKeyIndex|QPAttrPort|QPAttrAccessFlags))
+	require.NoError(t, r.qp.Modify(&QPAttr{}, 0), "INIT -> INIT")
+	require.NoError(t, r.qp.Modify(&QPAttr{State: QPStateErr}, QPAttrState))
+	require.NoError(t, r.qp.Modify(&QPAttr{}, 0), "ERR -> ERR")
+}
+
 // TestRefusedModifyToErrorKeepsMessageInProgress: a Modify to ERR (or
 // RESET) that fails its checks changes nothing (ibv_modify_qp returns
 // EINVAL and the QP goes on as before). Here RTS -> ERR names qkey, which

@@ -388,7 +388,8 @@ func (qp *QP) Attr() QPAttr {
 // requires nor allows for the QP's type (the checks of the kernel's
 // ib_modify_qp_is_ok, which rxe answers with EINVAL: for example an RC
 // QP's address vector changes in RTR or SQD, not in RTS). Without
-// QPAttrState in mask the transition is from the current state to itself.
+// QPAttrState in mask the transition is from the current state to itself,
+// which must be a transition too (none from RTR or SQE).
 // Errors are ErrBadTransition and ErrBadAttr, wrapped with the missing or
 // refused attribute's libibverbs name; a refused Modify changes nothing.
 func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
@@ -412,7 +413,11 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 		// ERR is entered from any state but RESET (ib_modify_qp_is_ok).
 		return fmt.Errorf("%w: %v -> %v", ErrBadTransition, cur, next)
 	}
-	if mask&QPAttrState != 0 && next != QPStateReset && next != QPStateErr {
+	if next != QPStateReset && next != QPStateErr {
+		// Without QPAttrState the transition is cur -> cur, which must
+		// be one too: RTR -> RTR and SQE -> SQE are none, so a Modify of
+		// an RTR QP that names no state fails even with an empty mask
+		// (ib_modify_qp_is_ok: qp_state_table[cur][cur].valid).
 		if !allowed[[2]QPState{cur, next}] {
 			return fmt.Errorf("%w: %v -> %v", ErrBadTransition, cur, next)
 		}
