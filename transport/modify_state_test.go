@@ -2,6 +2,7 @@ package transport
 
 import (
 	"testing"
+	"testing/synctest"
 
 	"github.com/stretchr/testify/require"
 
@@ -27,6 +28,66 @@ func TestModifyWithoutStateNeedsAValidSelfTransition(t *testing.T) {
 	require.NoError(t, r.qp.Modify(&QPAttr{}, 0), "INIT -> INIT")
 	require.NoError(t, r.qp.Modify(&QPAttr{State: QPStateErr}, QPAttrState))
 	require.NoError(t, r.qp.Modify(&QPAttr{}, 0), "ERR -> ERR")
+}
+
+// TestSQDIsLeftOnlyForErrorWhileDraining: after RTS -> SQD with a WRITE
+// unacknowledged, the send queue drains; until it has drained, rxe refuses
+// every transition out of SQD but the one to ERR (rxe_qp_chk_attr: "if
+// (mask & IB_QP_STATE && cur_state == IB_QPS_SQD) if (sq_draining &&
+// new_state != IB_QPS_ERR) EINVAL"), SQD -> SQD with attributes and SQD ->
+// RTS among them: IBTA 10.3.1 has the attributes changed, and RTS entered
+// again, once the SQ Drained event says nothing is in flight.
+// ibv_query_qp reports the drain in sq_draining (rxe_qp_to_attr). Both
+// transitions used to be taken at once, and no query said whether the
+// drain was over.
+func TestSQDIsLeftOnlyForErrorWhileDraining(t *testing.T) {
+	start := func(t *testing.T) *syncRig {
+		r := newSyncRig(t)
+		_, err := r.qp.PostSend(SendWR{WRID: 1, Opcode: WRRDMAWrite, Flags: SendSignaled,
+			SGL: []SGE{{Addr: r.mr.Addr(), Length: 8, LKey: r.mr.LKey()}}, RemoteAddr: 0x1000, RKey: 0x1234})
+		require.NoError(t, err)
+		require.Len(t, r.sent(), 1)
+		require.False(t, r.qp.Attr().SQDraining, "RTS")
+		require.NoError(t, r.qp.Modify(&QPAttr{State: QPStateSQD}, QPAttrState))
+		require.True(t, r.qp.Attr().SQDraining)
+		return r
+	}
+	t.Run("drained", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			r := start(t)
+			require.ErrorIs(t, r.qp.Modify(&QPAttr{State: QPStateRTS}, QPAttrState), ErrBadTransition)
+			require.ErrorIs(t, r.qp.Modify(&QPAttr{State: QPStateSQD, Timeout: 20}, QPAttrState|QPAttrTimeout), ErrBadTransition)
+			a := r.qp.Attr()
+			require.Equal(t, QPStateSQD, a.State)
+			require.Equal(t, uint8(14), a.Timeout, "the refused Modify changed nothing")
+
+			r.ackPkt(wire.SyndromeACK, 5000, 1)
+			synctest.Wait()
+			require.Equal(t, []string{qpEv(EventSQDrained, r.qp)}, takeEvents(r.d))
+			require.False(t, r.qp.Attr().SQDraining)
+			require.NoError(t, r.qp.Modify(&QPAttr{State: QPStateSQD, Timeout: 20}, QPAttrState|QPAttrTimeout))
+			require.NoError(t, r.qp.Modify(&QPAttr{State: QPStateRTS}, QPAttrState))
+			require.Equal(t, uint8(20), r.qp.Attr().Timeout)
+		})
+	})
+	t.Run("to ERR", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			r := start(t)
+			require.NoError(t, r.qp.Modify(&QPAttr{State: QPStateErr}, QPAttrState))
+			require.False(t, r.qp.Attr().SQDraining)
+			wcs := r.poll()
+			require.Len(t, wcs, 1)
+			require.Equal(t, WCWRFlushErr, wcs[0].Status)
+		})
+	})
+	t.Run("to RESET", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			r := start(t)
+			require.NoError(t, r.qp.Modify(&QPAttr{State: QPStateReset}, QPAttrState))
+			require.False(t, r.qp.Attr().SQDraining)
+			require.Empty(t, r.poll(), "RESET discards the WRITE without a completion")
+		})
+	})
 }
 
 // TestRefusedModifyToErrorKeepsMessageInProgress: a Modify to ERR (or

@@ -105,6 +105,10 @@ type QPAttr struct {
 	// from it (wire.SourcePort; 0: from the two QPNs), and so does the
 	// device by default (Config.SourcePort).
 	FlowLabel uint32
+	// SQDraining is ibv_qp_attr.sq_draining, filled by Attr: the QP is in
+	// SQD and its send queue has not drained yet (EventSQDrained is to
+	// come; rxe_qp_to_attr). Modify ignores it.
+	SQDraining bool
 }
 
 // required lists, per transition, the attributes ib_modify_qp_is_ok
@@ -373,12 +377,14 @@ func (qp *QP) State() QPState { return QPState(qp.state.Load()) }
 // Cap returns the queue capacities.
 func (qp *QP) Cap() Cap { return qp.cap }
 
-// Attr returns a copy of the attributes last set by Modify.
+// Attr returns a copy of the attributes last set by Modify, with the
+// current state and SQDraining (ibv_query_qp).
 func (qp *QP) Attr() QPAttr {
 	qp.sq.Lock()
 	defer qp.sq.Unlock()
 	a := qp.attr
 	a.State = qp.State()
+	a.SQDraining = qp.sqDraining && a.State == QPStateSQD
 	return a
 }
 
@@ -389,7 +395,8 @@ func (qp *QP) Attr() QPAttr {
 // ib_modify_qp_is_ok, which rxe answers with EINVAL: for example an RC
 // QP's address vector changes in RTR or SQD, not in RTS). Without
 // QPAttrState in mask the transition is from the current state to itself,
-// which must be a transition too (none from RTR or SQE).
+// which must be a transition too (none from RTR or SQE). While the send
+// queue drains (SQDraining), SQD is left only for ERR or RESET.
 // Errors are ErrBadTransition and ErrBadAttr, wrapped with the missing or
 // refused attribute's libibverbs name; a refused Modify changes nothing.
 func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
@@ -477,6 +484,15 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 	if mask&QPAttrMaxQPRdAtomic != 0 && int(attr.MaxRdAtomic) > MaxRdAtomic ||
 		mask&QPAttrMaxDestRdAtomic != 0 && int(attr.MaxDestRdAtomic) > MaxRdAtomic {
 		return fmt.Errorf("%w: max_rd_atomic above the device limit %d", ErrBadAttr, MaxRdAtomic)
+	}
+
+	if mask&QPAttrState != 0 && cur == QPStateSQD && next != QPStateErr && next != QPStateReset && qp.draining() {
+		// While the send queue drains, SQD is left only for ERR (rxe
+		// rxe_qp_chk_attr: sq_draining and a new state other than ERR
+		// is EINVAL; IBTA 10.3.1: the attributes are changed and RTS
+		// entered again once the SQ Drained event has come). RESET, the
+		// other transition from any state, is taken too.
+		return fmt.Errorf("%w: %v -> %v while the send queue drains", ErrBadTransition, cur, next)
 	}
 
 	// The responder's state changes only once the Modify is known to
