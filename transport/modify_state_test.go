@@ -115,3 +115,32 @@ func TestRefusedModifyToErrorKeepsMessageInProgress(t *testing.T) {
 	require.Equal(t, WC{WRID: 7, Status: WCSuccess, Opcode: WCRecv, ByteLen: uint32(rigMTU + 8), QPN: wcs[0].QPN, SrcQP: wcs[0].SrcQP}, wcs[0])
 	require.Equal(t, QPStateRTS, r.qp.State())
 }
+
+// TestQPWithoutSendQueue: ibv_create_qp with max_send_wr 0 creates a QP
+// that only receives (rxe_qp_chk_cap bounds the capacities from above
+// only, and its queue of 0 WRs takes no post; mlx5 likewise creates no
+// send queue): ibv_query_qp reports 0, a post fails as the queue is full,
+// and receives work. CreateQP refused it with ErrBadAttr.
+func TestQPWithoutSendQueue(t *testing.T) {
+	r := newResponderRig(t)
+	qp, err := r.d.CreateQP(1, &QPInitAttr{SendCQ: r.cq, RecvCQ: r.cq, Type: QPTypeUD,
+		Cap: Cap{MaxSendWR: 0, MaxRecvWR: 4, MaxRecvSGE: 1}})
+	require.NoError(t, err)
+	require.Equal(t, 0, qp.Cap().MaxSendWR)
+	require.NoError(t, qp.Modify(&QPAttr{State: QPStateInit, Port: 1, QKey: 0x11}, QPAttrState|QPAttrPKeyIndex|QPAttrPort|QPAttrQKey))
+	require.NoError(t, qp.Modify(&QPAttr{State: QPStateRTR}, QPAttrState))
+	require.NoError(t, qp.Modify(&QPAttr{State: QPStateRTS, SQPSN: 1}, QPAttrState|QPAttrSQPSN))
+	ah, err := r.d.CreateAH(1, &AHAttr{Dest: r.from})
+	require.NoError(t, err)
+	n, err := qp.PostSend(SendWR{WRID: 1, Opcode: WRSend, AH: ah, RemoteQPN: 0x99, RemoteQKey: 0x11,
+		SGL: []SGE{{Addr: r.mr.Addr(), Length: 8, LKey: r.mr.LKey()}}})
+	require.ErrorIs(t, err, ErrSQFull)
+	require.Zero(t, n)
+	_, err = qp.PostRecv(RecvWR{WRID: 2, SGL: []SGE{{Addr: r.mr.Addr(), Length: 64, LKey: r.mr.LKey()}}})
+	require.NoError(t, err)
+	require.NoError(t, qp.Modify(&QPAttr{State: QPStateErr}, QPAttrState))
+	wcs := r.poll()
+	require.Len(t, wcs, 1)
+	require.Equal(t, uint64(2), wcs[0].WRID)
+	require.Equal(t, WCWRFlushErr, wcs[0].Status)
+}

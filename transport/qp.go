@@ -214,7 +214,7 @@ type QP struct {
 
 	sq struct {
 		sync.Mutex
-		wqe  []sendWQE // ring of cap.MaxSendWR slots
+		wqe  []sendWQE // ring of cap.MaxSendWR slots (one if that is 0)
 		head uint64    // next slot to post
 		// req (requester) and comp (completer) below are guarded by this
 		// lock too.
@@ -858,7 +858,7 @@ func (qp *QP) PostSend(wrs ...SendWR) (int, error) {
 }
 
 func (qp *QP) postSendLocked(wr *SendWR) error {
-	if qp.sq.head-qp.comp.idx >= uint64(len(qp.sq.wqe)) {
+	if qp.sq.head-qp.comp.idx >= uint64(qp.cap.MaxSendWR) {
 		return ErrSQFull
 	}
 	if len(wr.SGL) > qp.cap.MaxSendSGE {
