@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/softrdma/softrdma/stag"
 	"github.com/softrdma/softrdma/transport/wire"
 )
 
@@ -143,4 +144,21 @@ func TestQPWithoutSendQueue(t *testing.T) {
 	require.Len(t, wcs, 1)
 	require.Equal(t, uint64(2), wcs[0].WRID)
 	require.Equal(t, WCWRFlushErr, wcs[0].Status)
+}
+
+// TestModifyRefusesUnknownAccessFlags: qp_access_flags outside the flags a
+// QP takes are EINVAL (rxe_qp_chk_attr: qp_access_flags &
+// ~RXE_ACCESS_SUPPORTED_QP), ZERO_BASED (an MR's) among them, and the
+// refused Modify changes nothing; the optional range (RELAXED_ORDERING,
+// 1<<20) is taken. Any flag used to be taken.
+func TestModifyRefusesUnknownAccessFlags(t *testing.T) {
+	r := newResponderRig(t)
+	before := r.qp.Attr().AccessFlags
+	for _, bad := range []stag.Access{1 << 12, stag.AccessZeroBased, 1 << 7, 1 << 30} {
+		err := r.qp.Modify(&QPAttr{State: QPStateRTS, AccessFlags: stag.AccessRemoteWrite | bad}, QPAttrState|QPAttrAccessFlags)
+		require.ErrorIs(t, err, ErrBadAttr, "%#x", uint32(bad))
+	}
+	require.Equal(t, before, r.qp.Attr().AccessFlags)
+	require.NoError(t, r.qp.Modify(&QPAttr{State: QPStateRTS, AccessFlags: stag.AccessRemoteWrite | 1<<20}, QPAttrState|QPAttrAccessFlags))
+	require.Equal(t, stag.AccessRemoteWrite|1<<20, r.qp.Attr().AccessFlags)
 }

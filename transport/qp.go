@@ -111,6 +111,16 @@ type QPAttr struct {
 	SQDraining bool
 }
 
+// qpAccess is every flag qp_access_flags may hold (rxe
+// RXE_ACCESS_SUPPORTED_QP, which rxe_qp_chk_attr checks): the MR flags
+// but ZERO_BASED and HUGETLB, that is LOCAL_WRITE, the REMOTE_* flags,
+// MW_BIND, ON_DEMAND, FLUSH_GLOBAL and FLUSH_PERSISTENT (1<<8, 1<<9), and
+// the optional range (IBV_ACCESS_OPTIONAL_RANGE, bits 20-29: RELAXED_
+// ORDERING), which a device may ignore. Only the REMOTE_* flags act on a
+// QP.
+const qpAccess = stag.AccessLocalWrite | stag.AccessRemote | stag.AccessMWBind | stag.AccessOnDemand |
+	1<<8 | 1<<9 | 0x3ff00000
+
 // required lists, per transition, the attributes ib_modify_qp_is_ok
 // (IBTA 10.3.1, Table 91 "QP state transition properties") demands for RC.
 var required = map[[2]QPState]AttrMask{
@@ -446,6 +456,10 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 				return fmt.Errorf("%w: %v -> %v does not take %s", ErrBadAttr, cur, next, attrNames[b])
 			}
 		}
+	}
+	if mask&QPAttrAccessFlags != 0 && attr.AccessFlags&^qpAccess != 0 {
+		return fmt.Errorf("%w: qp_access_flags %#x has flags a QP does not take (%#x)", ErrBadAttr,
+			uint32(attr.AccessFlags), uint32(attr.AccessFlags&^qpAccess))
 	}
 	if mask&QPAttrPathMTU != 0 && attr.PathMTU.Bytes() == 0 {
 		return fmt.Errorf("%w: path MTU code %d (want 1-5)", ErrBadAttr, attr.PathMTU)
