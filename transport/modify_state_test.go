@@ -162,3 +162,18 @@ func TestModifyRefusesUnknownAccessFlags(t *testing.T) {
 	require.NoError(t, r.qp.Modify(&QPAttr{State: QPStateRTS, AccessFlags: stag.AccessRemoteWrite | 1<<20}, QPAttrState|QPAttrAccessFlags))
 	require.Equal(t, stag.AccessRemoteWrite|1<<20, r.qp.Attr().AccessFlags)
 }
+
+// TestQPWithoutReceiveQueue: max_recv_wr 0 is a QP without a receive
+// queue, as max_send_wr 0 is one without a send queue (rxe's queue of 0
+// WRs; ibv_query_qp reports 0): every receive post fails as the queue is
+// full. CreateQP made it a queue of one, which took a post.
+func TestQPWithoutReceiveQueue(t *testing.T) {
+	r := newResponderRig(t)
+	qp, err := r.d.CreateQP(1, &QPInitAttr{SendCQ: r.cq, RecvCQ: r.cq, Type: QPTypeRC, Cap: Cap{MaxSendWR: 4}})
+	require.NoError(t, err)
+	require.Equal(t, 0, qp.Cap().MaxRecvWR)
+	require.NoError(t, qp.Modify(&QPAttr{State: QPStateInit, Port: 1}, QPAttrState|QPAttrPKeyIndex|QPAttrPort|QPAttrAccessFlags))
+	n, err := qp.PostRecv(RecvWR{WRID: 2, SGL: []SGE{{Addr: r.mr.Addr(), Length: 64, LKey: r.mr.LKey()}}})
+	require.ErrorIs(t, err, ErrRQFull)
+	require.Zero(t, n)
+}

@@ -236,7 +236,7 @@ type QP struct {
 
 	rq struct {
 		sync.Mutex
-		wqe  []recvWQE // ring of cap.MaxRecvWR slots
+		wqe  []recvWQE // ring of cap.MaxRecvWR slots (one if that is 0)
 		head uint64    // next slot to post
 		tail uint64    // oldest posted, not yet consumed
 	}
@@ -968,7 +968,7 @@ func (qp *QP) PostRecv(wrs ...RecvWR) (int, error) {
 	}
 	for i := range wrs {
 		wr := &wrs[i]
-		if qp.rq.head-qp.rq.tail >= uint64(len(qp.rq.wqe)) {
+		if qp.rq.head-qp.rq.tail >= uint64(qp.cap.MaxRecvWR) {
 			qp.rq.Unlock()
 			return i, ErrRQFull
 		}
