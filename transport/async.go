@@ -57,7 +57,9 @@ import (
 //     rxe_requester): once after Modify to SQD, when every message the
 //     send queue had begun is complete (acknowledged for RC, sent for UC
 //     and UD); at once if none was in progress. Not raised if the QP
-//     leaves SQD first.
+//     leaves SQD first, for ERR or RESET: until the event, Modify takes
+//     the QP out of SQD to no other state (rxe), and QPAttr.SQDraining
+//     says the drain goes on.
 //
 // Not raised: the requester's errors (retry or RNR retry exceeded, a
 // fatal NAK, a local protection error) complete their WQE in error and
@@ -353,4 +355,13 @@ func (qp *QP) sqDrainedLocked() {
 	}
 	qp.sqDraining = false
 	qp.dev.raise(EventSQDrained, qp, nil)
+}
+
+// draining reports whether a drain asked for by Modify to SQD is still
+// going on: the QP has not raised EventSQDrained for it yet (ibv_qp_attr
+// sq_draining).
+func (qp *QP) draining() bool {
+	qp.sq.Lock()
+	defer qp.sq.Unlock()
+	return qp.sqDraining
 }

@@ -255,7 +255,8 @@ func TestCommEstOnFirstPacketInRTR(t *testing.T) {
 // 11.6.3.1 "Send Queue Drained"; rxe's requester raises it when nothing
 // is in flight): for RC, when the last outstanding message is
 // acknowledged; at once when nothing is in flight; not again on SQD ->
-// SQD; not at all if the QP goes back to RTS first.
+// SQD; not at all if the QP leaves SQD first (for RESET or ERR, the only
+// states it may go to while draining).
 func TestSQDrainedWhenDrainCompletes(t *testing.T) {
 	write := func(r *syncRig, wrid uint64) {
 		_, err := r.qp.PostSend(SendWR{WRID: wrid, Opcode: WRRDMAWrite, Flags: SendSignaled,
@@ -301,13 +302,13 @@ func TestSQDrainedWhenDrainCompletes(t *testing.T) {
 			require.Empty(t, takeEvents(r.d), "ERR ends the drain without an event")
 		})
 	})
-	t.Run("back to RTS first", func(t *testing.T) {
+	t.Run("reset while draining", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			r := newSyncRig(t)
 			write(r, 1)
 			require.Len(t, r.sent(), 1)
 			sqd(r)
-			require.NoError(t, r.qp.Modify(&QPAttr{State: QPStateRTS}, QPAttrState))
+			require.NoError(t, r.qp.Modify(&QPAttr{State: QPStateReset}, QPAttrState))
 			r.ackPkt(wire.SyndromeACK, 5000, 1)
 			synctest.Wait()
 			require.Empty(t, takeEvents(r.d))

@@ -311,8 +311,8 @@ func (d *Device) createQP(pd uint32, init *QPInitAttr, qpn uint32) (*QP, error) 
 		}
 	}
 	c := init.Cap
-	if c.MaxSendWR < 1 || c.MaxSendWR > MaxQPWR || c.MaxRecvWR < 0 || c.MaxRecvWR > MaxQPWR {
-		return nil, fmt.Errorf("%w: max_send_wr %d / max_recv_wr %d (1-%d)", ErrBadAttr, c.MaxSendWR, c.MaxRecvWR, MaxQPWR)
+	if c.MaxSendWR < 0 || c.MaxSendWR > MaxQPWR || c.MaxRecvWR < 0 || c.MaxRecvWR > MaxQPWR {
+		return nil, fmt.Errorf("%w: max_send_wr %d / max_recv_wr %d (0-%d)", ErrBadAttr, c.MaxSendWR, c.MaxRecvWR, MaxQPWR)
 	}
 	if c.MaxSendSGE > MaxSGE || c.MaxRecvSGE > MaxSGE || c.MaxInlineData > MaxInline || c.MaxInlineData < 0 {
 		return nil, fmt.Errorf("%w: max_sge %d/%d (max %d), max_inline_data %d (max %d)",
@@ -324,19 +324,23 @@ func (d *Device) createQP(pd uint32, init *QPInitAttr, qpn uint32) (*QP, error) 
 	if c.MaxRecvSGE < 1 {
 		c.MaxRecvSGE = 1
 	}
-	if c.MaxRecvWR < 1 {
-		c.MaxRecvWR = 1
-	}
 	qp := &QP{dev: d, typ: init.Type, pd: pd, sendCQ: init.SendCQ, recvCQ: init.RecvCQ, cap: c, sigAll: init.SQSigAll}
-	qp.sq.wqe = make([]sendWQE, c.MaxSendWR)
-	sgl := make([]SGE, c.MaxSendWR*c.MaxSendSGE)
-	inl := make([]byte, c.MaxSendWR*c.MaxInlineData)
+	// A QP may have no send queue (max_send_wr 0, a QP that only
+	// receives: rxe and mlx5 create it, and every post is refused as the
+	// queue is full), or no receive queue (max_recv_wr 0); each ring keeps
+	// one slot, never used then, so that the ring arithmetic needs no
+	// special case.
+	slots := max(c.MaxSendWR, 1)
+	qp.sq.wqe = make([]sendWQE, slots)
+	sgl := make([]SGE, slots*c.MaxSendSGE)
+	inl := make([]byte, slots*c.MaxInlineData)
 	for i := range qp.sq.wqe {
 		qp.sq.wqe[i].sgl = sgl[i*c.MaxSendSGE : (i+1)*c.MaxSendSGE : (i+1)*c.MaxSendSGE]
 		qp.sq.wqe[i].inline = inl[i*c.MaxInlineData : (i+1)*c.MaxInlineData : (i+1)*c.MaxInlineData]
 	}
-	qp.rq.wqe = make([]recvWQE, c.MaxRecvWR)
-	rsgl := make([]SGE, c.MaxRecvWR*c.MaxRecvSGE)
+	rslots := max(c.MaxRecvWR, 1)
+	qp.rq.wqe = make([]recvWQE, rslots)
+	rsgl := make([]SGE, rslots*c.MaxRecvSGE)
 	for i := range qp.rq.wqe {
 		qp.rq.wqe[i].sgl = rsgl[i*c.MaxRecvSGE : (i+1)*c.MaxRecvSGE : (i+1)*c.MaxRecvSGE]
 	}

@@ -1,7 +1,9 @@
 package transport
 
 import (
+	"context"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -50,18 +52,24 @@ func TestModifyRefusesAttributesTheTransitionDoesNotTake(t *testing.T) {
 	require.Equal(t, wire.PSN(1000), r.qp.ResponderState().ExpectedPSN)
 
 	// What the transitions do take is taken: min_rnr_timer and the
-	// access flags in RTS -> RTS, timeout and retry counts in SQD -> SQD.
+	// access flags in RTS -> RTS, timeout and retry counts in SQD -> SQD
+	// (once the send queue has drained: the acknowledgement of the WRITE
+	// still completes it).
 	require.NoError(t, r.qp.Modify(&QPAttr{State: QPStateRTS, MinRNRTimer: 3, AccessFlags: r.qp.Attr().AccessFlags},
 		QPAttrState|QPAttrMinRNRTimer|QPAttrAccessFlags))
 	require.NoError(t, r.qp.Modify(&QPAttr{State: QPStateSQD}, QPAttrState))
-	require.NoError(t, r.qp.Modify(&QPAttr{State: QPStateSQD, Timeout: 15, RetryCnt: 3}, QPAttrState|QPAttrTimeout|QPAttrRetryCnt))
-	require.Equal(t, uint8(15), r.qp.Attr().Timeout)
-
-	// The acknowledgement of the WRITE still completes it.
 	r.ackPkt(wire.SyndromeACK, 5000, 1)
 	wcs := r.poll()
 	require.Len(t, wcs, 1)
 	require.Equal(t, WCSuccess, wcs[0].Status)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ev, err := r.d.GetAsyncEvent(ctx) // the requester notices the drain
+	require.NoError(t, err)
+	r.d.AckAsyncEvent(ev)
+	require.Equal(t, qpEv(EventSQDrained, r.qp), evString(ev))
+	require.NoError(t, r.qp.Modify(&QPAttr{State: QPStateSQD, Timeout: 15, RetryCnt: 3}, QPAttrState|QPAttrTimeout|QPAttrRetryCnt))
+	require.Equal(t, uint8(15), r.qp.Attr().Timeout)
 }
 
 // TestModifyRefusesAttributesByQPType: UC and UD take fewer attributes

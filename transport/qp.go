@@ -105,7 +105,21 @@ type QPAttr struct {
 	// from it (wire.SourcePort; 0: from the two QPNs), and so does the
 	// device by default (Config.SourcePort).
 	FlowLabel uint32
+	// SQDraining is ibv_qp_attr.sq_draining, filled by Attr: the QP is in
+	// SQD and its send queue has not drained yet (EventSQDrained is to
+	// come; rxe_qp_to_attr). Modify ignores it.
+	SQDraining bool
 }
+
+// qpAccess is every flag qp_access_flags may hold (rxe
+// RXE_ACCESS_SUPPORTED_QP, which rxe_qp_chk_attr checks): the MR flags
+// but ZERO_BASED and HUGETLB, that is LOCAL_WRITE, the REMOTE_* flags,
+// MW_BIND, ON_DEMAND, FLUSH_GLOBAL and FLUSH_PERSISTENT (1<<8, 1<<9), and
+// the optional range (IBV_ACCESS_OPTIONAL_RANGE, bits 20-29: RELAXED_
+// ORDERING), which a device may ignore. Only the REMOTE_* flags act on a
+// QP.
+const qpAccess = stag.AccessLocalWrite | stag.AccessRemote | stag.AccessMWBind | stag.AccessOnDemand |
+	1<<8 | 1<<9 | 0x3ff00000
 
 // required lists, per transition, the attributes ib_modify_qp_is_ok
 // (IBTA 10.3.1, Table 91 "QP state transition properties") demands for RC.
@@ -210,7 +224,7 @@ type QP struct {
 
 	sq struct {
 		sync.Mutex
-		wqe  []sendWQE // ring of cap.MaxSendWR slots
+		wqe  []sendWQE // ring of cap.MaxSendWR slots (one if that is 0)
 		head uint64    // next slot to post
 		// req (requester) and comp (completer) below are guarded by this
 		// lock too.
@@ -222,7 +236,7 @@ type QP struct {
 
 	rq struct {
 		sync.Mutex
-		wqe  []recvWQE // ring of cap.MaxRecvWR slots
+		wqe  []recvWQE // ring of cap.MaxRecvWR slots (one if that is 0)
 		head uint64    // next slot to post
 		tail uint64    // oldest posted, not yet consumed
 	}
@@ -373,12 +387,14 @@ func (qp *QP) State() QPState { return QPState(qp.state.Load()) }
 // Cap returns the queue capacities.
 func (qp *QP) Cap() Cap { return qp.cap }
 
-// Attr returns a copy of the attributes last set by Modify.
+// Attr returns a copy of the attributes last set by Modify, with the
+// current state and SQDraining (ibv_query_qp).
 func (qp *QP) Attr() QPAttr {
 	qp.sq.Lock()
 	defer qp.sq.Unlock()
 	a := qp.attr
 	a.State = qp.State()
+	a.SQDraining = qp.sqDraining && a.State == QPStateSQD
 	return a
 }
 
@@ -388,7 +404,9 @@ func (qp *QP) Attr() QPAttr {
 // requires nor allows for the QP's type (the checks of the kernel's
 // ib_modify_qp_is_ok, which rxe answers with EINVAL: for example an RC
 // QP's address vector changes in RTR or SQD, not in RTS). Without
-// QPAttrState in mask the transition is from the current state to itself.
+// QPAttrState in mask the transition is from the current state to itself,
+// which must be a transition too (none from RTR or SQE). While the send
+// queue drains (SQDraining), SQD is left only for ERR or RESET.
 // Errors are ErrBadTransition and ErrBadAttr, wrapped with the missing or
 // refused attribute's libibverbs name; a refused Modify changes nothing.
 func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
@@ -408,24 +426,15 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 	if qp.dev.closed.Load() && next != QPStateReset && next != QPStateErr {
 		return fmt.Errorf("%w: modify QP to %v", ErrClosed, next)
 	}
-	if mask&QPAttrState != 0 && (next == QPStateReset || next == QPStateErr) {
-		// The responder's cursors go with the state (lock order respMu,
-		// sq, rq).
-		qp.respMu.Lock()
-		defer qp.respMu.Unlock()
-		qp.releaseRespLocked()
-	} else if mask&(QPAttrMaxDestRdAtomic|QPAttrRQPSN) != 0 {
-		// They change the responder's state, which the receive loop
-		// uses under respMu: in SQD (SQD -> SQD may change
-		// max_dest_rd_atomic) the responder is running.
-		qp.respMu.Lock()
-		defer qp.respMu.Unlock()
-	}
 	if next == QPStateErr && cur == QPStateReset && mask&QPAttrState != 0 {
 		// ERR is entered from any state but RESET (ib_modify_qp_is_ok).
 		return fmt.Errorf("%w: %v -> %v", ErrBadTransition, cur, next)
 	}
-	if mask&QPAttrState != 0 && next != QPStateReset && next != QPStateErr {
+	if next != QPStateReset && next != QPStateErr {
+		// Without QPAttrState the transition is cur -> cur, which must
+		// be one too: RTR -> RTR and SQE -> SQE are none, so a Modify of
+		// an RTR QP that names no state fails even with an empty mask
+		// (ib_modify_qp_is_ok: qp_state_table[cur][cur].valid).
 		if !allowed[[2]QPState{cur, next}] {
 			return fmt.Errorf("%w: %v -> %v", ErrBadTransition, cur, next)
 		}
@@ -447,6 +456,10 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 				return fmt.Errorf("%w: %v -> %v does not take %s", ErrBadAttr, cur, next, attrNames[b])
 			}
 		}
+	}
+	if mask&QPAttrAccessFlags != 0 && attr.AccessFlags&^qpAccess != 0 {
+		return fmt.Errorf("%w: qp_access_flags %#x has flags a QP does not take (%#x)", ErrBadAttr,
+			uint32(attr.AccessFlags), uint32(attr.AccessFlags&^qpAccess))
 	}
 	if mask&QPAttrPathMTU != 0 && attr.PathMTU.Bytes() == 0 {
 		return fmt.Errorf("%w: path MTU code %d (want 1-5)", ErrBadAttr, attr.PathMTU)
@@ -485,6 +498,32 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 	if mask&QPAttrMaxQPRdAtomic != 0 && int(attr.MaxRdAtomic) > MaxRdAtomic ||
 		mask&QPAttrMaxDestRdAtomic != 0 && int(attr.MaxDestRdAtomic) > MaxRdAtomic {
 		return fmt.Errorf("%w: max_rd_atomic above the device limit %d", ErrBadAttr, MaxRdAtomic)
+	}
+
+	if mask&QPAttrState != 0 && cur == QPStateSQD && next != QPStateErr && next != QPStateReset && qp.draining() {
+		// While the send queue drains, SQD is left only for ERR (rxe
+		// rxe_qp_chk_attr: sq_draining and a new state other than ERR
+		// is EINVAL; IBTA 10.3.1: the attributes are changed and RTS
+		// entered again once the SQ Drained event has come). RESET, the
+		// other transition from any state, is taken too.
+		return fmt.Errorf("%w: %v -> %v while the send queue drains", ErrBadTransition, cur, next)
+	}
+
+	// The responder's state changes only once the Modify is known to
+	// succeed: a refused one changes nothing, a message in progress
+	// included.
+	if mask&QPAttrState != 0 && (next == QPStateReset || next == QPStateErr) {
+		// The responder's cursors go with the state (lock order respMu,
+		// sq, rq).
+		qp.respMu.Lock()
+		defer qp.respMu.Unlock()
+		qp.releaseRespLocked()
+	} else if mask&(QPAttrMaxDestRdAtomic|QPAttrRQPSN) != 0 {
+		// They change the responder's state, which the receive loop
+		// uses under respMu: in SQD (SQD -> SQD may change
+		// max_dest_rd_atomic) the responder is running.
+		qp.respMu.Lock()
+		defer qp.respMu.Unlock()
 	}
 
 	// The UDP source port (sport.go): rxe's changes with an address
@@ -833,7 +872,7 @@ func (qp *QP) PostSend(wrs ...SendWR) (int, error) {
 }
 
 func (qp *QP) postSendLocked(wr *SendWR) error {
-	if qp.sq.head-qp.comp.idx >= uint64(len(qp.sq.wqe)) {
+	if qp.sq.head-qp.comp.idx >= uint64(qp.cap.MaxSendWR) {
 		return ErrSQFull
 	}
 	if len(wr.SGL) > qp.cap.MaxSendSGE {
@@ -929,7 +968,7 @@ func (qp *QP) PostRecv(wrs ...RecvWR) (int, error) {
 	}
 	for i := range wrs {
 		wr := &wrs[i]
-		if qp.rq.head-qp.rq.tail >= uint64(len(qp.rq.wqe)) {
+		if qp.rq.head-qp.rq.tail >= uint64(qp.cap.MaxRecvWR) {
 			qp.rq.Unlock()
 			return i, ErrRQFull
 		}
