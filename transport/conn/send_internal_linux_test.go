@@ -21,17 +21,7 @@ import (
 // injected through sendFn; the datagrams that do leave go through the
 // real sendmmsg to a loopback peer.
 func TestGSOEIOKeepsAnEarlierRefusal(t *testing.T) {
-	lo := netip.MustParseAddr("127.0.0.1")
-	c, err := Listen(Config{Addr: netip.AddrPortFrom(lo, 0)})
-	require.NoError(t, err)
-	defer c.Close()
-	if gso, _ := c.Offload(); !gso {
-		t.Skip("no UDP GSO")
-	}
-	peer, err := Listen(Config{Addr: netip.AddrPortFrom(lo, 0), DisableGRO: true})
-	require.NoError(t, err)
-	defer peer.Close()
-
+	c, peer := gsoSender(t, nil)
 	calls := 0
 	real := c.sendFn
 	c.sendFn = func(fd uintptr) bool {
@@ -55,7 +45,7 @@ func TestGSOEIOKeepsAnEarlierRefusal(t *testing.T) {
 		return b
 	}
 	to := peer.LocalAddr()
-	err = c.Send([]Packet{{Buf: pkt(0, 100), Addr: to}, {Buf: pkt(1, 200), Addr: to}, {Buf: pkt(2, 200), Addr: to}, {Buf: pkt(3, 100), Addr: to}})
+	err := c.Send([]Packet{{Buf: pkt(0, 100), Addr: to}, {Buf: pkt(1, 200), Addr: to}, {Buf: pkt(2, 200), Addr: to}, {Buf: pkt(3, 100), Addr: to}})
 	var se *SendError
 	require.ErrorAs(t, err, &se, "the EMSGSIZE refusal is reported")
 	require.Equal(t, 1, se.Failed)
@@ -76,6 +66,24 @@ func TestGSOEIOKeepsAnEarlierRefusal(t *testing.T) {
 	}
 }
 
+// gsoSender returns a loopback conn with UDP GSO and tap (skipping the
+// test without GSO), and a peer without GRO to send to, both closed at
+// the end of the test.
+func gsoSender(t *testing.T, tap Tap) (c, peer *UDPConn) {
+	t.Helper()
+	lo := netip.MustParseAddr("127.0.0.1")
+	c, err := Listen(Config{Addr: netip.AddrPortFrom(lo, 0), Tap: tap})
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	if gso, _ := c.Offload(); !gso {
+		t.Skip("no UDP GSO")
+	}
+	peer, err = Listen(Config{Addr: netip.AddrPortFrom(lo, 0), DisableGRO: true})
+	require.NoError(t, err)
+	t.Cleanup(func() { peer.Close() })
+	return c, peer
+}
+
 // countTap counts the datagrams a Tap saw sent, by PSN.
 type countTap struct{ sent map[wire.PSN]int }
 
@@ -93,17 +101,8 @@ func (t *countTap) Packet(dir Direction, _, _ netip.AddrPort, _ uint16, roce []b
 func TestRefusedGSORunIsTappedOnce(t *testing.T) {
 	for _, errno := range []unix.Errno{unix.EIO, unix.EMSGSIZE} {
 		t.Run(errno.Error(), func(t *testing.T) {
-			lo := netip.MustParseAddr("127.0.0.1")
 			tap := &countTap{sent: map[wire.PSN]int{}}
-			c, err := Listen(Config{Addr: netip.AddrPortFrom(lo, 0), Tap: tap})
-			require.NoError(t, err)
-			defer c.Close()
-			if gso, _ := c.Offload(); !gso {
-				t.Skip("no UDP GSO")
-			}
-			peer, err := Listen(Config{Addr: netip.AddrPortFrom(lo, 0), DisableGRO: true})
-			require.NoError(t, err)
-			defer peer.Close()
+			c, peer := gsoSender(t, tap)
 			calls := 0
 			real := c.sendFn
 			c.sendFn = func(fd uintptr) bool {
