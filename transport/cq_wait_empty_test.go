@@ -37,3 +37,36 @@ func TestWaitEmptySliceRefused(t *testing.T) {
 	require.Equal(t, 1, n)
 	assert.Equal(t, uint64(7), wcs[0].WRID)
 }
+
+// TestWaitCompletionBeatsContextEndedMeanwhile: a completion that arrives
+// as the caller's context ends, both while Wait goes from finding the CQ
+// empty to blocking, is returned, not the context's error. (cmchan's
+// Write waits for its SEND's completion with a deadline, --idle-timeout
+// under -R: on a loaded machine the deadline and the peer's ACK became
+// ready together, and the run failed with "the peer did not acknowledge a
+// message of the exchange".) Both select cases are then ready; without
+// the fix each iteration fails with probability 1/2.
+func TestWaitCompletionBeatsContextEndedMeanwhile(t *testing.T) {
+	defer func() { testHookWaitBlock = nil }()
+	cq := NewCQ(4)
+	wcs := make([]WC, 4)
+	for i := range 32 {
+		ctx, cancel := context.WithCancel(context.Background())
+		testHookWaitBlock = func() {
+			require.True(t, cq.push(&WC{WRID: uint64(i)}))
+			cancel()
+		}
+		n, err := cq.Wait(ctx, wcs)
+		require.NoError(t, err, "iteration %d", i)
+		require.Equal(t, 1, n)
+		assert.Equal(t, uint64(i), wcs[0].WRID)
+		testHookWaitBlock = nil
+		n, err = cq.Wait(ctx, wcs) // then the end of the context
+		assert.Zero(t, n)
+		assert.ErrorIs(t, err, context.Canceled)
+		select { // (the push's wake-up, if no select took it)
+		case <-cq.notify:
+		default:
+		}
+	}
+}

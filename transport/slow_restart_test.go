@@ -213,3 +213,34 @@ func TestTimeoutResendsWindowByDefault(t *testing.T) {
 		require.Zero(t, r.qp.req.restartWnd)
 	})
 }
+
+// TestTimeoutResendsWindowAcrossPSNWrap: without Config.SlowRestart a local
+// ACK timeout resends the whole go-back-N window from the oldest
+// unacknowledged PSN also when the window crosses the 24-bit wrap (IBTA
+// 9.7.1: PSNs are modulo 2^24); an ACK of a PSN past the wrap then
+// retires the packets before it and opens the window beyond.
+func TestTimeoutResendsWindowAcrossPSNWrap(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := newSyncRig(t)
+		const first = wire.PSN(0xffff80) // 128 PSNs before the wrap
+		r.qp.sq.Lock()                   // sq_psn, as Modify sets it
+		r.qp.attr.SQPSN = first
+		r.qp.req.psn, r.qp.comp.psn = first, first
+		r.qp.sq.Unlock()
+		r.postBigSend(t, 600)
+		window := psnRange(first, MaxUnackedPSNs) // 0xFFFF80..0xFFFFFF, 0..0x7F
+		psns, _ := psnsOf(r.drain())
+		require.Equal(t, window, psns, "the first pass sends the window")
+		time.Sleep(r.qp.timeoutDuration() + time.Millisecond)
+		psns, _ = psnsOf(r.drain())
+		require.Equal(t, window, psns, "the expiry resends the window")
+		require.Equal(t, uint64(1), r.d.counters.RetransmitTimeouts.Load())
+
+		r.ackPkt(wire.SyndromeACK, 0x3f, 0) // 192 PSNs, past the wrap
+		psns, _ = psnsOf(r.drain())
+		require.Equal(t, psnRange(0x80, 192), psns, "the window opens past the ACK")
+		s := r.qp.RequesterState()
+		require.Equal(t, wire.PSN(0x40), s.OldestPSN)
+		require.Equal(t, wire.PSN(0x140), s.NextPSN)
+	})
+}

@@ -340,9 +340,18 @@ func (d *Device) hold(qp *QP, pkt *conn.Packet, p *wire.Packet) {
 	}
 	s.q = append(s.q, heldPkt{slot: i, n: n, addr: pkt.Addr, ip: pkt.IP, qpn: qp.qpn})
 	qp.held++
-	s.held.Add(1)
+	// The bytes first: a reader (Resume's report) that sees the packet
+	// held sees its bytes too.
 	qp.countDelayed(p)
+	s.held.Add(1)
+	if testHookDelayedCounted != nil {
+		testHookDelayedCounted()
+	}
 }
+
+// testHookDelayedCounted, when set (by tests), runs in the receive loop
+// once a held or NAKed packet is counted.
+var testHookDelayedCounted func()
 
 // replayHeld hands the held packets to handle again, in the order they
 // arrived; those still paused are held again, in the same order.
@@ -371,8 +380,11 @@ func (d *Device) replayHeld(p *wire.Packet) {
 // cursor of a FIRST packet was not begun (or is ended by the caller).
 func (qp *QP) pauseNAK(b *txBatch, path *path, p *wire.Packet) {
 	d := qp.dev
+	qp.countDelayed(p) // (before the packet, as hold)
 	d.susp.naked.Add(1)
-	qp.countDelayed(p)
+	if testHookDelayedCounted != nil {
+		testHookDelayedCounted()
+	}
 	d.counters.SendRNRErr.Add(1)
 	d.counters.drop(DropSuspended)
 	qp.resp.nakSent = true

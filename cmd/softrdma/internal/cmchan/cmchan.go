@@ -206,7 +206,9 @@ func (c *Conn) receive() error {
 	defer cancel()
 	var wc [1]softrdma.WC
 	n, err := c.rcq.Wait(ctx, wc[:])
-	if err != nil {
+	if err != nil || c.ctx.Err() != nil {
+		// (Wait returns a completion that arrived as its context
+		// ended: after Close, the receives it flushed are not read.)
 		return c.waitErr(ctx)
 	}
 	if n == 0 {
@@ -258,6 +260,9 @@ func (c *Conn) Write(b []byte) (int, error) {
 			return sent, c.waitErr(ctx)
 		}
 		if wc[0].Status != softrdma.WCSuccess {
+			if c.ctx.Err() != nil {
+				return sent, net.ErrClosed // Close flushed it
+			}
 			if wc[0].Status == softrdma.WCWRFlushErr {
 				return sent, io.ErrClosedPipe
 			}

@@ -16,7 +16,7 @@ func (s *session) bwClient(ctx context.Context, size int64) (report.BW, []int64,
 	bctx, cancel := s.bounded(ctx)
 	defer cancel()
 	r0, r1, err := s.bwClientRun(bctx, size)
-	return r0, r1, s.boundErr(ctx, err)
+	return r0, r1, s.boundErr(ctx, bctx, err)
 }
 
 // bwClientRun runs the client side of write-bw, read-bw, send-bw and

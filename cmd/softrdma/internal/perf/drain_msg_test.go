@@ -57,3 +57,38 @@ func TestDrainCountsPacketsFromItsStart(t *testing.T) {
 		require.Equal(t, int64(5), s.drainError().rcvdDuring)
 	})
 }
+
+// TestBoundErrWhenBothBoundsPassed: the run of a -D side that posts the
+// work is bounded by the duration and drainLimit (session.bounded), inside
+// resultBound's later limit. A loaded machine can keep the run from the
+// CPU until both have passed: its error is still this side's drain
+// limit, which expired first, not a bare "context deadline exceeded"
+// (TestDurationBoundsADeadPath/write-bw once failed so under load, 1 of 30
+// runs of the package). A resultBound that expired before the bound (the
+// bound started over a drainLimit late) is left to round, which says so.
+func TestBoundErrWhenBothBoundsPassed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		old := drainMin
+		drainMin = 300 * time.Millisecond
+		defer func() { drainMin = old }()
+		s := &session{p: Params{Duration: 200 * time.Millisecond}}
+		rctx, rcancel := s.resultBound(context.Background()) // 800 ms
+		defer rcancel()
+		bctx, cancel := s.bounded(rctx) // 500 ms
+		time.Sleep(time.Second)         // the run returns after both
+		cancel()
+		err := s.boundErr(rctx, bctx, bctx.Err())
+		var de *drainError
+		require.ErrorAs(t, err, &de)
+		assert.ErrorContains(t, err, "-D 200ms: the work requests still outstanding did not complete within 300ms")
+
+		rctx, rcancel = s.resultBound(context.Background())
+		defer rcancel()
+		time.Sleep(400 * time.Millisecond) // the bound starts late
+		bctx, cancel = s.bounded(rctx)
+		time.Sleep(time.Second)
+		cancel()
+		err = s.boundErr(rctx, bctx, bctx.Err())
+		assert.Equal(t, context.DeadlineExceeded, err, "resultBound's, for round to explain")
+	})
+}

@@ -2,8 +2,10 @@ package perf
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -332,4 +334,22 @@ func TestIdleWatchCountsPackets(t *testing.T) {
 	require.NotNil(t, srv, "the server's run had an idle watch")
 	assert.True(t, cli.Sourced(), "the client's watch counts received packets")
 	assert.True(t, srv.Sourced(), "the server's watch counts received packets")
+}
+
+// TestSetupErrKeepsAnUnacknowledgedMessage: with -R a message of the
+// exchange that the peer did not acknowledge within --idle-timeout
+// (boundWrites) during the setup fails it as that, not as the setup time
+// limit's expiry (the unackedError unwraps to os.ErrDeadlineExceeded, and
+// under load a run said "did not complete the exchange within 10s" after
+// 1 s); a write or read that the setup limit ended still says the limit.
+func TestSetupErrKeepsAnUnacknowledgedMessage(t *testing.T) {
+	s := &session{setupLimit: 10 * time.Second, tcpRemote: netip.MustParseAddr("127.0.0.1")}
+	unacked := fmt.Errorf("exchange: send hello: %w", &unackedError{300 * time.Millisecond, os.ErrDeadlineExceeded})
+	err := s.setupErr(context.Background(), "hello", unacked)
+	assert.ErrorAs(t, err, new(*unackedError))
+	assert.Regexp(t, `^exchange: send hello: the peer did not acknowledge a message of the exchange \(over rdma_cm\) within 300ms \(--idle-timeout\)`, err.Error())
+
+	err = s.setupErr(context.Background(), "hello", fmt.Errorf("exchange: read: %w", os.ErrDeadlineExceeded))
+	assert.ErrorAs(t, err, new(*setupError))
+	assert.Regexp(t, `^the peer at 127\.0\.0\.1 connected but did not complete the exchange within 10s: `, err.Error())
 }

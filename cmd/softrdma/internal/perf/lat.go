@@ -24,7 +24,7 @@ func (s *session) pingPong(ctx context.Context, size int64, target func() (int64
 	bctx, cancel := s.bounded(ctx)
 	defer cancel()
 	r0, r1, err := s.pingPongRun(bctx, size, target, known)
-	return r0, r1, s.boundErr(ctx, err)
+	return r0, r1, s.boundErr(ctx, bctx, err)
 }
 
 // pingPongRun runs write-lat or send-lat on either side (perftest's
@@ -266,7 +266,7 @@ func (s *session) readLat(ctx context.Context, size int64) (report.Lat, int64, e
 	bctx, cancel := s.bounded(ctx)
 	defer cancel()
 	r0, r1, err := s.readLatRun(bctx, size)
-	return r0, r1, s.boundErr(ctx, err)
+	return r0, r1, s.boundErr(ctx, bctx, err)
 }
 
 // readLatRun runs read-lat on the client (perftest's run_iter_lat for READ):

@@ -193,14 +193,31 @@ func (s *session) draining() bool {
 	return end != 0 && time.Now().UnixNano() >= end-int64(drainLimit(s.p.Duration))
 }
 
-// boundErr explains the expiry of a bounded context (not of its parent's
-// own deadline; the parent may have been cancelled since, when the peer
-// gave up at the same time); any other error is returned as it is.
-func (s *session) boundErr(parent context.Context, err error) error {
-	if s.p.Duration > 0 && errors.Is(err, context.DeadlineExceeded) && !errors.Is(parent.Err(), context.DeadlineExceeded) {
+// boundErr explains the expiry of bctx, the bounded context of parent
+// (not of the parent's own deadline; the parent may have been cancelled
+// since, when the peer gave up at the same time); any other error is
+// returned as it is.
+func (s *session) boundErr(parent, bctx context.Context, err error) error {
+	if s.p.Duration > 0 && errors.Is(err, context.DeadlineExceeded) && boundFirst(parent, bctx) {
 		return s.drainError()
 	}
 	return err
+}
+
+// boundFirst reports whether bctx's own deadline, not its parent's,
+// ended it. Both may have passed by the time the run returns (a loaded
+// machine kept it from the CPU past the parent's later one,
+// resultBound's): the earlier deadline is the one that expired.
+func boundFirst(parent, bctx context.Context) bool {
+	if !errors.Is(bctx.Err(), context.DeadlineExceeded) {
+		return false
+	}
+	if !errors.Is(parent.Err(), context.DeadlineExceeded) {
+		return true
+	}
+	pd, ok := parent.Deadline()
+	bd, _ := bctx.Deadline() // (the parent's when it is the earlier)
+	return !ok || bd.Before(pd)
 }
 
 // drainError describes the expiry of this side's -D drain limit, with the

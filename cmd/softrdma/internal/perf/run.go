@@ -419,6 +419,11 @@ func (s *session) setupCtx(ctx context.Context) (context.Context, context.Cancel
 func (s *session) setupErr(ctx context.Context, what string, err error) error {
 	var np *exchange.NotPeerError
 	switch {
+	case errors.As(err, new(*unackedError)):
+		// (-R: a message the peer did not acknowledge within
+		// --idle-timeout; it unwraps to os.ErrDeadlineExceeded, but the
+		// setup time limit did not expire.)
+		return err
 	case errors.As(err, &np):
 		return fmt.Errorf("the peer at %s is not a softrdma or perftest peer: it sent %q", s.peerLabel(), np.Got)
 	case ctx.Err() == nil && (errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, context.DeadlineExceeded)):

@@ -55,7 +55,7 @@ func (s *session) push(ctx context.Context, size int64, src source, count int64,
 	bctx, cancel := s.bounded(ctx)
 	defer cancel()
 	r0, err := s.pushRun(bctx, size, src, count, deadline)
-	return r0, s.boundErr(ctx, err)
+	return r0, s.boundErr(ctx, bctx, err)
 }
 
 // pushRun is the source side of a WRITE or SEND stream: count messages, or
