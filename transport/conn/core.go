@@ -34,8 +34,8 @@ type item struct {
 	// (after the send would break the order of a tap shared with the
 	// receiver, which sees the datagram during the sendmmsg).
 	tapped bool
-	pos     int32
-	mask    byte
+	pos    int32
+	mask   byte
 }
 
 // rawDgram is a datagram read from the wire, not yet split or checked.
