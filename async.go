@@ -39,8 +39,10 @@ const (
 	// EventCommEst: the first request packet reached the RC or UC QP while
 	// it was in RTR (once until the QP is reset).
 	EventCommEst = transport.EventCommEst
-	// EventSQDrained: after Modify to SQD, every message the send queue
-	// had begun is complete (at once if none was in progress).
+	// EventSQDrained: after a Modify to SQD that asked for it
+	// (QPAttrEnSQDAsyncNotify, QPAttr.EnSQDAsyncNotify), every message
+	// the send queue had begun is complete (at once if none was in
+	// progress).
 	EventSQDrained = transport.EventSQDrained
 )
 

@@ -57,21 +57,23 @@ const QPTypeRC = transport.QPTypeRC
 
 // QP attribute mask bits (enum ibv_qp_attr_mask).
 const (
-	QPAttrState           = transport.QPAttrState
-	QPAttrAccessFlags     = transport.QPAttrAccessFlags
-	QPAttrPKeyIndex       = transport.QPAttrPKeyIndex
-	QPAttrPort            = transport.QPAttrPort
-	QPAttrAV              = transport.QPAttrAV
-	QPAttrPathMTU         = transport.QPAttrPathMTU
-	QPAttrTimeout         = transport.QPAttrTimeout
-	QPAttrRetryCnt        = transport.QPAttrRetryCnt
-	QPAttrRNRRetry        = transport.QPAttrRNRRetry
-	QPAttrRQPSN           = transport.QPAttrRQPSN
-	QPAttrMaxQPRdAtomic   = transport.QPAttrMaxQPRdAtomic
-	QPAttrMinRNRTimer     = transport.QPAttrMinRNRTimer
-	QPAttrSQPSN           = transport.QPAttrSQPSN
-	QPAttrMaxDestRdAtomic = transport.QPAttrMaxDestRdAtomic
-	QPAttrDestQPN         = transport.QPAttrDestQPN
+	QPAttrState            = transport.QPAttrState
+	QPAttrCurState         = transport.QPAttrCurState
+	QPAttrEnSQDAsyncNotify = transport.QPAttrEnSQDAsyncNotify
+	QPAttrAccessFlags      = transport.QPAttrAccessFlags
+	QPAttrPKeyIndex        = transport.QPAttrPKeyIndex
+	QPAttrPort             = transport.QPAttrPort
+	QPAttrAV               = transport.QPAttrAV
+	QPAttrPathMTU          = transport.QPAttrPathMTU
+	QPAttrTimeout          = transport.QPAttrTimeout
+	QPAttrRetryCnt         = transport.QPAttrRetryCnt
+	QPAttrRNRRetry         = transport.QPAttrRNRRetry
+	QPAttrRQPSN            = transport.QPAttrRQPSN
+	QPAttrMaxQPRdAtomic    = transport.QPAttrMaxQPRdAtomic
+	QPAttrMinRNRTimer      = transport.QPAttrMinRNRTimer
+	QPAttrSQPSN            = transport.QPAttrSQPSN
+	QPAttrMaxDestRdAtomic  = transport.QPAttrMaxDestRdAtomic
+	QPAttrDestQPN          = transport.QPAttrDestQPN
 )
 
 // Work completion statuses (enum ibv_wc_status).

@@ -54,12 +54,16 @@ import (
 //     RESET to raise it again. A QP moved to RTS before its first packet
 //     raises none (qib's and hfi1's rule).
 //   - EventSQDrained on a QP (IBTA 11.6.3.1 "Send Queue Drained", rxe
-//     rxe_requester): once after Modify to SQD, when every message the
-//     send queue had begun is complete (acknowledged for RC, sent for UC
-//     and UD); at once if none was in progress. Not raised if the QP
-//     leaves SQD first, for ERR or RESET: until the event, Modify takes
-//     the QP out of SQD to no other state (rxe), and QPAttr.SQDraining
-//     says the drain goes on.
+//     rxe_requester): once after a Modify to SQD that asked for it
+//     (QPAttrEnSQDAsyncNotify with QPAttr.EnSQDAsyncNotify, as
+//     ibv_modify_qp's en_sqd_async_notify: mlx4, mlx5 and mthca ask the
+//     device for the event only then, while rxe raises it always), when
+//     every message the send queue had begun is complete (acknowledged
+//     for RC, sent for UC and UD); at once if none was in progress. Not
+//     raised if the QP leaves SQD first, for ERR or RESET: until the
+//     drain is over, Modify takes the QP out of SQD to no other state
+//     (rxe), and QPAttr.SQDraining says the drain goes on, asked for the
+//     event or not.
 //
 // Not raised: the requester's errors (retry or RNR retry exceeded, a
 // fatal NAK, a local protection error) complete their WQE in error and
@@ -337,10 +341,11 @@ func (qp *QP) commEstablished() {
 	}
 }
 
-// sqDrainedLocked raises EventSQDrained if a drain asked for by Modify to
-// SQD has completed: no message the send queue began is incomplete (the
+// sqDrainedLocked ends a drain asked for by Modify to SQD once it has
+// completed: no message the send queue began is incomplete (the
 // requester has caught up with the completer, and the oldest WQE, if any,
-// was never started). sqDraining is false outside SQD (Modify clears it),
+// was never started). It raises EventSQDrained if the Modify asked for it
+// (en_sqd_async_notify). sqDraining is false outside SQD (Modify clears it),
 // and an engine error, which moves the QP to ERR without Modify, stops
 // every caller: its requester no longer runs. Caller holds sq.
 func (qp *QP) sqDrainedLocked() {
@@ -354,12 +359,14 @@ func (qp *QP) sqDrainedLocked() {
 		return // begun: rewound for a retry, or a local operation waiting
 	}
 	qp.sqDraining = false
-	qp.dev.raise(EventSQDrained, qp, nil)
+	if qp.sqdNotify {
+		qp.sqdNotify = false
+		qp.dev.raise(EventSQDrained, qp, nil)
+	}
 }
 
 // draining reports whether a drain asked for by Modify to SQD is still
-// going on: the QP has not raised EventSQDrained for it yet (ibv_qp_attr
-// sq_draining).
+// going on (ibv_qp_attr sq_draining).
 func (qp *QP) draining() bool {
 	qp.sq.Lock()
 	defer qp.sq.Unlock()

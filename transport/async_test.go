@@ -250,7 +250,8 @@ func TestCommEstOnFirstPacketInRTR(t *testing.T) {
 	require.Empty(t, takeEvents(r.d))
 }
 
-// TestSQDrainedWhenDrainCompletes: after Modify to SQD, EventSQDrained is
+// TestSQDrainedWhenDrainCompletes: after Modify to SQD asking for it
+// (en_sqd_async_notify; TestSQDrainedOnlyWhenAsked), EventSQDrained is
 // raised once every message the send queue began is complete (IBTA
 // 11.6.3.1 "Send Queue Drained"; rxe's requester raises it when nothing
 // is in flight): for RC, when the last outstanding message is
@@ -263,7 +264,13 @@ func TestSQDrainedWhenDrainCompletes(t *testing.T) {
 			SGL: []SGE{{Addr: r.mr.Addr(), Length: 8, LKey: r.mr.LKey()}}, RemoteAddr: 0x1000, RKey: 0x1234})
 		require.NoError(t, err)
 	}
-	sqd := func(r *syncRig) { require.NoError(t, r.qp.Modify(&QPAttr{State: QPStateSQD}, QPAttrState)) }
+	sqd := func(r *syncRig) { // the event is asked for on RTS -> SQD, the one transition that takes it
+		mask := QPAttrState
+		if r.qp.State() == QPStateRTS {
+			mask |= QPAttrEnSQDAsyncNotify
+		}
+		require.NoError(t, r.qp.Modify(&QPAttr{State: QPStateSQD, EnSQDAsyncNotify: true}, mask))
+	}
 	t.Run("in flight", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			r := newSyncRig(t)

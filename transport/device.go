@@ -450,8 +450,13 @@ func (d *Device) PDInUse(pd uint32) string {
 	return ""
 }
 
-// DestroyQP removes the QP (ibv_destroy_qp); outstanding WRs are flushed.
-// Its asynchronous events not yet returned are discarded and none is
+// DestroyQP removes the QP (ibv_destroy_qp). Its outstanding WRs are
+// discarded without completions, as rxe discards them (rxe_qp_do_cleanup
+// runs the completer and responder with qp->valid cleared, whose flushes
+// then complete nothing: notify = qp->valid && state == ERR); a consumer
+// that wants every WR back moves the QP to ERR and polls the flushed
+// completions first, as ib_drain_qp does. Completions already in the CQs
+// stay there. Its asynchronous events not yet returned are discarded and none is
 // raised any more; like ibv_destroy_qp, it returns only when every event
 // of the QP that GetAsyncEvent or PollAsyncEvent returned has been
 // acknowledged (AckAsyncEvent), so that no goroutine handles an event of
@@ -462,7 +467,7 @@ func (d *Device) DestroyQP(qp *QP) error {
 	}
 	d.forget(&qp.ev, func(ev *AsyncEvent) bool { return ev.QP == qp })
 	defer d.waitAcked(&qp.ev)
-	qp.enterError()
+	qp.discard()
 	qp.stopTimer()
 	d.qpTable[qp.qpn].CompareAndSwap(qp, nil)
 	qp.modifyMu.Lock()

@@ -45,7 +45,7 @@ func TestModifyRefusesAttributesTheTransitionDoesNotTake(t *testing.T) {
 		require.Equal(t, QPStateRTS, r.qp.State(), c.name)
 	}
 	a := r.qp.Attr()
-	require.Equal(t, wire.PSN(5000), a.SQPSN)
+	require.Equal(t, wire.PSN(5001), a.SQPSN, "the next PSN after the WRITE's 5000, not 9")
 	require.Equal(t, wire.PSN(1000), a.RQPSN)
 	require.Equal(t, MTU1024, a.PathMTU)
 	require.Equal(t, wire.PSN(5001), r.qp.RequesterState().NextPSN)
@@ -57,7 +57,7 @@ func TestModifyRefusesAttributesTheTransitionDoesNotTake(t *testing.T) {
 	// still completes it).
 	require.NoError(t, r.qp.Modify(&QPAttr{State: QPStateRTS, MinRNRTimer: 3, AccessFlags: r.qp.Attr().AccessFlags},
 		QPAttrState|QPAttrMinRNRTimer|QPAttrAccessFlags))
-	require.NoError(t, r.qp.Modify(&QPAttr{State: QPStateSQD}, QPAttrState))
+	require.NoError(t, r.qp.Modify(&QPAttr{State: QPStateSQD, EnSQDAsyncNotify: true}, QPAttrState|QPAttrEnSQDAsyncNotify))
 	r.ackPkt(wire.SyndromeACK, 5000, 1)
 	wcs := r.poll()
 	require.Len(t, wcs, 1)

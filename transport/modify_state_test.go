@@ -49,7 +49,7 @@ func TestSQDIsLeftOnlyForErrorWhileDraining(t *testing.T) {
 		require.NoError(t, err)
 		require.Len(t, r.sent(), 1)
 		require.False(t, r.qp.Attr().SQDraining, "RTS")
-		require.NoError(t, r.qp.Modify(&QPAttr{State: QPStateSQD}, QPAttrState))
+		require.NoError(t, r.qp.Modify(&QPAttr{State: QPStateSQD, EnSQDAsyncNotify: true}, QPAttrState|QPAttrEnSQDAsyncNotify))
 		require.True(t, r.qp.Attr().SQDraining)
 		return r
 	}

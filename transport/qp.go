@@ -46,33 +46,35 @@ type AttrMask uint32
 
 // Attribute mask bits, libibverbs values.
 const (
-	QPAttrState           AttrMask = 1 << 0
-	QPAttrCurState        AttrMask = 1 << 1
-	QPAttrAccessFlags     AttrMask = 1 << 3
-	QPAttrPKeyIndex       AttrMask = 1 << 4
-	QPAttrPort            AttrMask = 1 << 5
-	QPAttrQKey            AttrMask = 1 << 6
-	QPAttrAV              AttrMask = 1 << 7
-	QPAttrPathMTU         AttrMask = 1 << 8
-	QPAttrTimeout         AttrMask = 1 << 9
-	QPAttrRetryCnt        AttrMask = 1 << 10
-	QPAttrRNRRetry        AttrMask = 1 << 11
-	QPAttrRQPSN           AttrMask = 1 << 12
-	QPAttrMaxQPRdAtomic   AttrMask = 1 << 13
-	QPAttrMinRNRTimer     AttrMask = 1 << 15
-	QPAttrSQPSN           AttrMask = 1 << 16
-	QPAttrMaxDestRdAtomic AttrMask = 1 << 17
-	QPAttrDestQPN         AttrMask = 1 << 20
+	QPAttrState            AttrMask = 1 << 0
+	QPAttrCurState         AttrMask = 1 << 1
+	QPAttrEnSQDAsyncNotify AttrMask = 1 << 2
+	QPAttrAccessFlags      AttrMask = 1 << 3
+	QPAttrPKeyIndex        AttrMask = 1 << 4
+	QPAttrPort             AttrMask = 1 << 5
+	QPAttrQKey             AttrMask = 1 << 6
+	QPAttrAV               AttrMask = 1 << 7
+	QPAttrPathMTU          AttrMask = 1 << 8
+	QPAttrTimeout          AttrMask = 1 << 9
+	QPAttrRetryCnt         AttrMask = 1 << 10
+	QPAttrRNRRetry         AttrMask = 1 << 11
+	QPAttrRQPSN            AttrMask = 1 << 12
+	QPAttrMaxQPRdAtomic    AttrMask = 1 << 13
+	QPAttrMinRNRTimer      AttrMask = 1 << 15
+	QPAttrSQPSN            AttrMask = 1 << 16
+	QPAttrMaxDestRdAtomic  AttrMask = 1 << 17
+	QPAttrDestQPN          AttrMask = 1 << 20
 )
 
 // attrNamed is every attribute mask bit this package defines; Modify
-// ignores the others (alternate path, path migration, SQD notification).
-const attrNamed = QPAttrState | QPAttrCurState | QPAttrAccessFlags | QPAttrPKeyIndex | QPAttrPort |
+// ignores the others (alternate path, path migration).
+const attrNamed = QPAttrState | QPAttrCurState | QPAttrEnSQDAsyncNotify | QPAttrAccessFlags | QPAttrPKeyIndex | QPAttrPort |
 	QPAttrQKey | QPAttrAV | QPAttrPathMTU | QPAttrTimeout | QPAttrRetryCnt | QPAttrRNRRetry | QPAttrRQPSN |
 	QPAttrMaxQPRdAtomic | QPAttrMinRNRTimer | QPAttrSQPSN | QPAttrMaxDestRdAtomic | QPAttrDestQPN
 
 var attrNames = map[AttrMask]string{
-	QPAttrState: "IBV_QP_STATE", QPAttrCurState: "IBV_QP_CUR_STATE", QPAttrAccessFlags: "IBV_QP_ACCESS_FLAGS",
+	QPAttrState: "IBV_QP_STATE", QPAttrCurState: "IBV_QP_CUR_STATE",
+	QPAttrEnSQDAsyncNotify: "IBV_QP_EN_SQD_ASYNC_NOTIFY", QPAttrAccessFlags: "IBV_QP_ACCESS_FLAGS",
 	QPAttrPKeyIndex: "IBV_QP_PKEY_INDEX", QPAttrPort: "IBV_QP_PORT", QPAttrQKey: "IBV_QP_QKEY", QPAttrAV: "IBV_QP_AV",
 	QPAttrPathMTU: "IBV_QP_PATH_MTU", QPAttrTimeout: "IBV_QP_TIMEOUT",
 	QPAttrRetryCnt: "IBV_QP_RETRY_CNT", QPAttrRNRRetry: "IBV_QP_RNR_RETRY",
@@ -84,30 +86,55 @@ var attrNames = map[AttrMask]string{
 // QPAttr holds QP attributes (struct ibv_qp_attr, the fields RC, UC and
 // UD use).
 type QPAttr struct {
-	State           QPState
-	AccessFlags     stag.Access    // qp_access_flags: REMOTE_WRITE, REMOTE_READ, REMOTE_ATOMIC
-	PKeyIndex       uint16         // only index 0 (P_Key 0xffff) exists
-	Port            uint8          // only port 1 exists
-	Dest            netip.AddrPort // ah_attr: the peer's IP (its GID) and UDP port (4791 if 0)
-	PathMTU         MTU            // path_mtu
-	Timeout         uint8          // local ACK timeout: 4.096 µs × 2^Timeout, 0 = infinite (IBTA 9.7.6.1.3)
-	RetryCnt        uint8          // retries on timeout or NAK; 7 = retry forever (as rxe does)
-	RNRRetry        uint8          // retries on RNR NAK; 7 = retry forever (IBTA 9.7.5.2.8)
-	RQPSN           wire.PSN       // rq_psn: first expected PSN of the responder
-	SQPSN           wire.PSN       // sq_psn: first PSN of the requester
-	MaxRdAtomic     uint8          // max_rd_atomic: outstanding READ/atomic as initiator
-	MaxDestRdAtomic uint8          // max_dest_rd_atomic: as target
-	MinRNRTimer     uint8          // min_rnr_timer, encoded (IBTA Table 45)
-	DestQPN         wire.QPN       // dest_qp_num
-	QKey            uint32         // qkey: UD, the Q_Key datagrams must carry (IBTA 10.2.5)
+	State QPState // qp_state: Modify moves the QP to it (QPAttrState); Attr reports the current state
+	// CurState is cur_qp_state. In Modify (QPAttrCurState, which only
+	// RTR -> RTS, RTS -> RTS, SQD -> RTS and SQE -> RTS take) it is the
+	// state the caller believes the QP is in: Modify fails with
+	// ErrBadTransition, changing nothing, if the QP is in another one
+	// (for example one that the engine moved to ERR, or SQE, since the
+	// caller last looked). Attr reports the current state in it, as in
+	// State (rxe_qp_to_attr, Linux commit 775e6d3c8fda "Set queue pair
+	// cur_qp_state when being queried"; mlx4, mlx5).
+	CurState    QPState
+	AccessFlags stag.Access    // qp_access_flags: REMOTE_WRITE, REMOTE_READ, REMOTE_ATOMIC
+	PKeyIndex   uint16         // only index 0 (P_Key 0xffff) exists
+	Port        uint8          // only port 1 exists
+	Dest        netip.AddrPort // ah_attr: the peer's IP (its GID) and UDP port (4791 if 0)
+	PathMTU     MTU            // path_mtu
+	Timeout     uint8          // local ACK timeout: 4.096 µs × 2^Timeout, 0 = infinite (IBTA 9.7.6.1.3)
+	RetryCnt    uint8          // retries on timeout or NAK; 7 = retry forever (as rxe does)
+	RNRRetry    uint8          // retries on RNR NAK; 7 = retry forever (IBTA 9.7.5.2.8)
+	// RQPSN is rq_psn. Modify (QPAttrRQPSN, on INIT -> RTR) sets the
+	// responder's first expected PSN; Attr reports the PSN it expects
+	// next, which moves with every request taken (rxe_qp_to_attr:
+	// qp->resp.psn). UD responders do not track PSNs: theirs stays as
+	// set.
+	RQPSN wire.PSN
+	// SQPSN is sq_psn. Modify (QPAttrSQPSN, on RTR -> RTS) sets the
+	// requester's first PSN; Attr reports the PSN it sends next, which
+	// moves with every packet sent and back on a retransmission
+	// (rxe_qp_to_attr: qp->req.psn; IBTA 9.7.1).
+	SQPSN           wire.PSN
+	MaxRdAtomic     uint8    // max_rd_atomic: outstanding READ/atomic as initiator
+	MaxDestRdAtomic uint8    // max_dest_rd_atomic: as target
+	MinRNRTimer     uint8    // min_rnr_timer, encoded (IBTA Table 45)
+	DestQPN         wire.QPN // dest_qp_num
+	QKey            uint32   // qkey: UD, the Q_Key datagrams must carry (IBTA 10.2.5)
 	// FlowLabel is ah_attr.grh.flow_label (20 bits), set with QPAttrAV.
 	// RoCEv2 packets carry no GRH; rxe derives the QP's UDP source port
 	// from it (wire.SourcePort; 0: from the two QPNs), and so does the
 	// device by default (Config.SourcePort).
 	FlowLabel uint32
+	// EnSQDAsyncNotify is en_sqd_async_notify (QPAttrEnSQDAsyncNotify,
+	// which only RTS -> SQD takes): raise EventSQDrained once the send
+	// queue has drained. Without it the drain raises no event
+	// (IBTA 11.2.5.3 and 11.6.3.1; mlx4, mlx5 and mthca ask the device
+	// for the event only then; rxe raises it always). Attr reports the
+	// value last set.
+	EnSQDAsyncNotify bool
 	// SQDraining is ibv_qp_attr.sq_draining, filled by Attr: the QP is in
-	// SQD and its send queue has not drained yet (EventSQDrained is to
-	// come; rxe_qp_to_attr). Modify ignores it.
+	// SQD and its send queue has not drained yet (rxe_qp_to_attr): RTS
+	// is entered again only after the drain. Modify ignores it.
 	SQDraining bool
 }
 
@@ -142,6 +169,7 @@ var optional = map[QPType]map[[2]QPState]AttrMask{
 		{QPStateRTR, QPStateRTS}:   QPAttrCurState | QPAttrAccessFlags | QPAttrMinRNRTimer,
 		{QPStateRTS, QPStateRTS}:   QPAttrCurState | QPAttrAccessFlags | QPAttrMinRNRTimer,
 		{QPStateSQD, QPStateRTS}:   QPAttrCurState | QPAttrAccessFlags | QPAttrMinRNRTimer,
+		{QPStateRTS, QPStateSQD}:   QPAttrEnSQDAsyncNotify,
 		{QPStateSQD, QPStateSQD}: QPAttrPort | QPAttrAV | QPAttrTimeout | QPAttrRetryCnt | QPAttrRNRRetry |
 			QPAttrMaxQPRdAtomic | QPAttrMaxDestRdAtomic | QPAttrAccessFlags | QPAttrPKeyIndex | QPAttrMinRNRTimer,
 	},
@@ -150,6 +178,7 @@ var optional = map[QPType]map[[2]QPState]AttrMask{
 		{QPStateInit, QPStateRTR}:  QPAttrAccessFlags | QPAttrPKeyIndex,
 		{QPStateRTR, QPStateRTS}:   QPAttrCurState | QPAttrAccessFlags,
 		{QPStateRTS, QPStateRTS}:   QPAttrCurState | QPAttrAccessFlags,
+		{QPStateRTS, QPStateSQD}:   QPAttrEnSQDAsyncNotify,
 		{QPStateSQD, QPStateRTS}:   QPAttrCurState | QPAttrAccessFlags,
 		{QPStateSQD, QPStateSQD}:   QPAttrAV | QPAttrAccessFlags | QPAttrPKeyIndex,
 		{QPStateSQE, QPStateRTS}:   QPAttrCurState | QPAttrAccessFlags,
@@ -159,6 +188,7 @@ var optional = map[QPType]map[[2]QPState]AttrMask{
 		{QPStateInit, QPStateRTR}:  QPAttrPKeyIndex | QPAttrQKey,
 		{QPStateRTR, QPStateRTS}:   QPAttrCurState | QPAttrQKey,
 		{QPStateRTS, QPStateRTS}:   QPAttrCurState | QPAttrQKey,
+		{QPStateRTS, QPStateSQD}:   QPAttrEnSQDAsyncNotify,
 		{QPStateSQD, QPStateRTS}:   QPAttrCurState | QPAttrQKey,
 		{QPStateSQD, QPStateSQD}:   QPAttrPKeyIndex | QPAttrQKey,
 		{QPStateSQE, QPStateRTS}:   QPAttrCurState | QPAttrQKey,
@@ -254,10 +284,13 @@ type QP struct {
 	// commEst is set when the QP raised EventCommEst (its first request
 	// packet in RTR); cleared by RESET.
 	commEst atomic.Bool
-	// sqDraining is set by Modify to SQD until EventSQDrained is raised
+	// sqDraining is set by Modify to SQD until the send queue has drained
 	// (or the QP leaves SQD). Guarded by sq.
 	sqDraining bool
-	ev         eventCount // guarded by the device's events.mu (async.go)
+	// sqdNotify: the Modify to SQD asked for EventSQDrained
+	// (en_sqd_async_notify). Guarded by sq.
+	sqdNotify bool
+	ev        eventCount // guarded by the device's events.mu (async.go)
 
 	scheduled atomic.Bool // on the send worker's run queue
 	timer     *time.Timer // retransmit / RNR timer; fires qp.onTimer
@@ -387,13 +420,25 @@ func (qp *QP) State() QPState { return QPState(qp.state.Load()) }
 // Cap returns the queue capacities.
 func (qp *QP) Cap() Cap { return qp.cap }
 
-// Attr returns a copy of the attributes last set by Modify, with the
-// current state and SQDraining (ibv_query_qp).
+// Attr returns the QP's attributes (ibv_query_qp): those last set by
+// Modify, with the current state in State and CurState, the live PSNs in
+// SQPSN (the next the requester sends) and RQPSN (the next the responder
+// expects), and SQDraining, as rxe_qp_to_attr reports them. Before any
+// traffic the PSNs are the ones Modify set.
 func (qp *QP) Attr() QPAttr {
+	// Lock order respMu, sq: the responder's expected PSN is the receive
+	// loop's, under respMu; the requester's is under sq.
+	qp.respMu.Lock()
+	defer qp.respMu.Unlock()
 	qp.sq.Lock()
 	defer qp.sq.Unlock()
 	a := qp.attr
 	a.State = qp.State()
+	a.CurState = a.State
+	a.SQPSN = qp.req.psn
+	if qp.typ != QPTypeUD {
+		a.RQPSN = qp.resp.ePSN
+	}
 	a.SQDraining = qp.sqDraining && a.State == QPStateSQD
 	return a
 }
@@ -406,7 +451,8 @@ func (qp *QP) Attr() QPAttr {
 // QP's address vector changes in RTR or SQD, not in RTS). Without
 // QPAttrState in mask the transition is from the current state to itself,
 // which must be a transition too (none from RTR or SQE). While the send
-// queue drains (SQDraining), SQD is left only for ERR or RESET.
+// queue drains (SQDraining), SQD is left only for ERR or RESET. With
+// QPAttrCurState, attr.CurState must be the QP's current state.
 // Errors are ErrBadTransition and ErrBadAttr, wrapped with the missing or
 // refused attribute's libibverbs name; a refused Modify changes nothing.
 func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
@@ -422,6 +468,15 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 	next := cur
 	if mask&QPAttrState != 0 {
 		next = attr.State
+	}
+	if mask&QPAttrCurState != 0 && attr.CurState != cur {
+		// cur_qp_state asserts the state the caller believes the QP is
+		// in (IBTA 11.2.5.3 "Current QP state"); a device asked for a
+		// transition from another state refuses it with EINVAL (mthca,
+		// mlx4: the firmware's modify from cur_qp_state fails). rxe
+		// instead checks the transition as if from cur_qp_state and
+		// applies it to whatever state the QP is in.
+		return fmt.Errorf("%w: cur_qp_state %v, but the QP is in %v", ErrBadTransition, attr.CurState, cur)
 	}
 	if qp.dev.closed.Load() && next != QPStateReset && next != QPStateErr {
 		return fmt.Errorf("%w: modify QP to %v", ErrClosed, next)
@@ -532,7 +587,7 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 	// reset gives it up. Decided before sq and rq are locked: holding a
 	// new port may bind a socket.
 	if mask&QPAttrAV != 0 && qp.typ != QPTypeUD {
-		dqpn := qp.Attr().DestQPN
+		dqpn := qp.path.Load().destQPN // Attr would take respMu, which may be held
 		if mask&QPAttrDestQPN != 0 {
 			dqpn = attr.DestQPN & wire.QPNMask
 		}
@@ -611,6 +666,9 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 		a.QKey = attr.QKey
 		np.qkey = attr.QKey
 	}
+	if mask&QPAttrEnSQDAsyncNotify != 0 {
+		a.EnSQDAsyncNotify = attr.EnSQDAsyncNotify
+	}
 	qp.path.Store(&np)
 	if mask&QPAttrState != 0 {
 		switch next {
@@ -620,8 +678,12 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 			flush = cur != QPStateErr
 		}
 		// A drain starts with RTS -> SQD and goes on through SQD -> SQD;
-		// leaving SQD ends it without an event.
+		// leaving SQD ends it without an event. The event comes only if
+		// RTS -> SQD asked for it (en_sqd_async_notify).
 		qp.sqDraining = next == QPStateSQD && (cur != QPStateSQD || qp.sqDraining)
+		if cur != QPStateSQD || next != QPStateSQD {
+			qp.sqdNotify = next == QPStateSQD && mask&QPAttrEnSQDAsyncNotify != 0 && attr.EnSQDAsyncNotify
+		}
 		qp.state.Store(uint32(next))
 		qp.sqDrainedLocked() // nothing in progress: drained at once
 	}
@@ -686,6 +748,42 @@ func (qp *QP) enterError() {
 		return
 	}
 	qp.releaseResp()
+}
+
+// discard moves a QP being destroyed to ERR and empties its queues
+// without a completion, the receive WQE the responder holds included
+// (DestroyQP). Once it returns the engine completes nothing of the QP:
+// the requester, completer and responder take no work in ERR, and a
+// local invalidation that finishes later finds its WQE gone
+// (finishLocal). A type 2 window a discarded bind was to bind stays
+// unbound, as after RESET.
+func (qp *QP) discard() {
+	qp.setError()
+	qp.respMu.Lock()
+	qp.resp.haveRecv = false // taken from the queue: discarded with it
+	qp.recvHeld.Store(false)
+	qp.releaseRespLocked()
+	qp.respMu.Unlock()
+
+	qp.sq.Lock()
+	for i := qp.comp.idx; i < qp.sq.head; i++ {
+		w := &qp.sq.wqe[i%uint64(len(qp.sq.wqe))]
+		if !w.done {
+			settleBind(w, false)
+		}
+		w.reset()
+	}
+	qp.comp.idx = qp.sq.head
+	qp.req.idx = qp.sq.head
+	qp.req.offset = 0
+	qp.req.rdAtomic = 0
+	qp.fatal = false
+	qp.sqDraining, qp.sqdNotify = false, false
+	qp.sq.Unlock()
+
+	qp.rq.Lock()
+	qp.rq.tail = qp.rq.head
+	qp.rq.Unlock()
 }
 
 // setError moves the state to ERR and reports whether it changed.
