@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -255,4 +256,32 @@ func TestRDMACMSetupBoundsASilentPeer(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("the -R server waits for ever for a silent client")
 	}
+}
+
+// TestRDMACMPSNsAgree: with -R the CM chooses the PSNs and each side
+// reads them back from its QP (ibv_query_qp, QP.Attr) before any traffic:
+// the local PSN (sq_psn) and QPN one side prints are the remote ones the
+// other prints (rq_psn, dest_qp_num). Attr reports live PSNs, as
+// rxe_qp_to_attr does; read before the first packet they are still the
+// ones the CM set.
+func TestRDMACMPSNsAgree(t *testing.T) {
+	r := runPairCM(t, WriteBW, Options{}, Options{Params: Params{Size: 4096, Iters: 50}})
+	requireOK(t, r)
+	addr := regexp.MustCompile(`(local|remote) address: IP \S+ UDP \d+ QPN (0x[0-9a-f]+) PSN (0x[0-9a-f]+)`)
+	parse := func(out string) (local, remote [2]string) {
+		m := addr.FindAllStringSubmatch(out, -1)
+		require.Len(t, m, 2, "one local and one remote address line in:\n%s", out)
+		for _, l := range m {
+			if l[1] == "local" {
+				local = [2]string{l[2], l[3]}
+			} else {
+				remote = [2]string{l[2], l[3]}
+			}
+		}
+		return local, remote
+	}
+	sl, sr := parse(r.srvOut)
+	cl, cr := parse(r.cliOut)
+	assert.Equal(t, sl, cr, "the server's QPN and sq_psn are the client's remote ones")
+	assert.Equal(t, cl, sr, "the client's QPN and sq_psn are the server's remote ones")
 }
