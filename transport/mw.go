@@ -187,7 +187,7 @@ func (qp *QP) finishLocal(lw localWait) {
 		qp.sq.Unlock()
 		return
 	}
-	flush := false
+	flush, flushSQ := false, false
 	if w := &qp.sq.wqe[lw.idx%uint64(len(qp.sq.wqe))]; w.local == localWaiting {
 		if err != nil {
 			qp.dev.logf("softrdma: QP %d: %v: %v", qp.qpn, w.wr.Opcode, err)
@@ -205,12 +205,15 @@ func (qp *QP) finishLocal(lw localWait) {
 			qp.retireLocal()
 			qp.progress()
 			flush = qp.State() == QPStateErr
+			flushSQ = qp.State() == QPStateSQE // the receive queue goes on
 		}
 	}
 	qp.sq.Unlock()
 	if flush {
 		qp.releaseResp() // the receive WQE in use completes first
 		qp.flush()
+	} else if flushSQ {
+		qp.flushSQ()
 	}
 }
 

@@ -786,6 +786,13 @@ func (qp *QP) discard() {
 	qp.rq.Unlock()
 }
 
+// setSQE moves the state from RTS or SQD to SQE and reports whether it
+// did (IBTA 10.3.1: SQE is entered from those two).
+func (qp *QP) setSQE() bool {
+	return qp.state.CompareAndSwap(uint32(QPStateRTS), uint32(QPStateSQE)) ||
+		qp.state.CompareAndSwap(uint32(QPStateSQD), uint32(QPStateSQE))
+}
+
 // setError moves the state to ERR and reports whether it changed.
 func (qp *QP) setError() bool {
 	return QPState(qp.state.Swap(uint32(QPStateErr))) != QPStateErr
@@ -794,11 +801,22 @@ func (qp *QP) setError() bool {
 // fail completes w (if any) with an error status after moving the QP to
 // ERR, so that a consumer of the WC already sees the QP in ERR, and asks
 // for the queues to be flushed once sq is released. Without a WQE to
-// complete, the QP's client learns of the error from EventQPFatal. Caller
-// holds sq.
+// complete, the QP's client learns of the error from EventQPFatal.
+//
+// A UC or UD send or RDMA WRITE that fails in RTS or SQD moves the QP to
+// SQE instead (IBTA 10.3.1, "Send Queue Error": the unreliable services'
+// send queue errors; the receive queue goes on): w completes in error and
+// the WQEs behind it are flushed at once, the receive queue is not. A
+// failed local operation (LOCAL_INV, REG_MR, BIND_MW) still moves the QP
+// to ERR, as in rxe (runLocal). Caller holds sq.
 func (qp *QP) fail(w *sendWQE, st WCStatus) {
 	if qp.typ != QPTypeRC {
 		qp.retireSent() // UC, UD: the WQEs sent before w complete first
+		if w != nil && !isLocalOp(w.wr.Opcode) && qp.setSQE() {
+			qp.complete(w, st, true) // a full send CQ moves it on to ERR (qp.fatal)
+			qp.flushSQLocked()
+			return
+		}
 	}
 	changed := qp.setError()
 	if w != nil {
@@ -814,6 +832,22 @@ func (qp *QP) fail(w *sendWQE, st WCStatus) {
 // (IBA 10.7.3.1: an error always generates a completion).
 func (qp *QP) flush() {
 	qp.sq.Lock()
+	qp.flushSQLocked()
+	qp.sq.Unlock()
+	qp.flushRQ()
+}
+
+// flushSQ flushes the send queue only: in SQE the receive queue is
+// processed as in RTS (IBTA C10-38).
+func (qp *QP) flushSQ() {
+	qp.sq.Lock()
+	qp.flushSQLocked()
+	qp.sq.Unlock()
+}
+
+// flushSQLocked completes every outstanding send WQE with WR_FLUSH_ERR.
+// Caller holds sq.
+func (qp *QP) flushSQLocked() {
 	end := qp.sq.head
 	for i := qp.comp.idx; i < qp.sq.head; i++ {
 		w := &qp.sq.wqe[i%uint64(len(qp.sq.wqe))]
@@ -834,8 +868,11 @@ func (qp *QP) flush() {
 	qp.req.idx = end
 	qp.req.offset = 0
 	qp.req.rdAtomic = 0
-	qp.sq.Unlock()
+}
 
+// flushRQ completes every posted receive WQE with WR_FLUSH_ERR, unless the
+// responder holds the oldest (see below).
+func (qp *QP) flushRQ() {
 	qp.rq.Lock()
 	if qp.recvHeld.Load() {
 		// The responder holds the oldest receive WQE, taken from the
@@ -961,8 +998,12 @@ func (qp *QP) PostSend(wrs ...SendWR) (int, error) {
 		}
 	}
 	qp.sq.Unlock()
-	if st == QPStateErr || st == QPStateSQE {
+	switch st {
+	case QPStateErr:
 		qp.flush()
+		return len(wrs), nil
+	case QPStateSQE:
+		qp.flushSQ() // the receive queue goes on (IBTA C10-38)
 		return len(wrs), nil
 	}
 	qp.dev.kick(qp)

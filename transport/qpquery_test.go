@@ -1,11 +1,15 @@
 package transport
 
 import (
+	"context"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/softrdma/softrdma/stag"
+	"github.com/softrdma/softrdma/transport/conn"
 	"github.com/softrdma/softrdma/transport/wire"
 )
 
@@ -183,4 +187,89 @@ func TestDestroyQPDiscardsOutstandingWRs(t *testing.T) {
 
 	r.ackPkt(wire.SyndromeACK, psn, 1) // its QP is gone: dropped
 	require.Empty(t, r.poll(), "nothing completes after DestroyQP")
+}
+
+// TestUnreliableSendErrorEntersSQE: on UC and UD a send queue WQE that
+// completes in error moves the QP to the Send Queue Error state (IBTA
+// 10.3.1, "Send Queue Error (SQEr)": entered from RTS or SQD by a send
+// WQE completing in error, for every service but RC, which goes to ERR):
+// the WQE completes with its error, the ones behind it and those posted
+// in SQE complete with WR_FLUSH_ERR, and the receive queue goes on
+// (C10-38: its WRs are processed normally and new ones may be posted).
+// Modify SQE -> RTS resumes sending. The QP went to ERR, and its receive
+// WRs were flushed, as rxe does (rxe never enters SQE: rxe_qp_from_attr
+// "Not possible from modify_qp", its completer calls rxe_qp_error).
+func TestUnreliableSendErrorEntersSQE(t *testing.T) {
+	for _, typ := range []QPType{QPTypeUC, QPTypeUD} {
+		t.Run(map[QPType]string{QPTypeUC: "UC", QPTypeUD: "UD"}[typ], func(t *testing.T) {
+			r := newDGRig(t, typ, conn.PipeConfig{})
+			mr2, err := r.place.RegMR(1, make([]byte, 64), stag.AccessLocalWrite)
+			require.NoError(t, err)
+			var ah *AH
+			if typ == QPTypeUD {
+				ah, err = r.d.CreateAH(1, &AHAttr{Dest: r.from})
+				require.NoError(t, err)
+			}
+			send := func(wrid uint64, sge SGE) SendWR {
+				return SendWR{WRID: wrid, Opcode: WRSend, Flags: SendSignaled, SGL: []SGE{sge},
+					AH: ah, RemoteQPN: 0x11, RemoteQKey: dgQKey}
+			}
+			ok := SGE{Addr: r.mr.Addr(), Length: 16, LKey: r.mr.LKey()}
+			r.postRecv(10, 0, 2048)
+			r.postRecv(11, 2048, 2048)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			wait := func(n int) []WC {
+				var got []WC
+				wcs := make([]WC, 8)
+				for len(got) < n {
+					k, err := r.cq.Wait(ctx, wcs)
+					require.NoError(t, err)
+					got = append(got, wcs[:k]...)
+				}
+				return got
+			}
+
+			// Posted in SQD, where the requester starts nothing; the
+			// second WR's MR goes away before it runs (IBTA 10.7.2.2: a
+			// local protection error).
+			require.NoError(t, r.qp.Modify(&QPAttr{State: QPStateSQD}, QPAttrState))
+			_, err = r.qp.PostSend(send(1, ok), send(2, SGE{Addr: mr2.Addr(), Length: 16, LKey: mr2.LKey()}), send(3, ok))
+			require.NoError(t, err)
+			require.NoError(t, r.place.DeregMR(mr2))
+			require.NoError(t, r.qp.Modify(&QPAttr{State: QPStateRTS}, QPAttrState))
+			wcs := wait(3)
+			require.Equal(t, []uint64{1, 2, 3}, []uint64{wcs[0].WRID, wcs[1].WRID, wcs[2].WRID})
+			require.Equal(t, []WCStatus{WCSuccess, WCLocProtErr, WCWRFlushErr}, []WCStatus{wcs[0].Status, wcs[1].Status, wcs[2].Status})
+			require.Equal(t, QPStateSQE, r.qp.State())
+			require.Equal(t, QPStateSQE, r.qp.Attr().CurState)
+			require.Empty(t, r.poll(), "the receive WRs are not flushed")
+
+			// Sends posted in SQE are flushed; receives still complete.
+			_, err = r.qp.PostSend(send(4, ok))
+			require.NoError(t, err)
+			wcs = r.poll()
+			require.Len(t, wcs, 1)
+			require.Equal(t, WCWRFlushErr, wcs[0].Status)
+			r.postRecv(12, 4096, 2048)
+			if typ == QPTypeUD {
+				r.deliver(r.ud(dgQKey, 0x11, make([]byte, 8), false))
+			} else {
+				r.deliver(r.uc(wire.OpSendOnly, 1000, make([]byte, 8), nil))
+			}
+			wcs = r.poll()
+			require.Len(t, wcs, 1)
+			require.Equal(t, uint64(10), wcs[0].WRID)
+			require.Equal(t, WCSuccess, wcs[0].Status)
+
+			// SQE -> RTS (cur_qp_state SQE asserted) sends again.
+			require.NoError(t, r.qp.Modify(&QPAttr{State: QPStateRTS, CurState: QPStateSQE}, QPAttrState|QPAttrCurState))
+			_, err = r.qp.PostSend(send(5, ok))
+			require.NoError(t, err)
+			wcs = wait(1)
+			require.Equal(t, uint64(5), wcs[0].WRID)
+			require.Equal(t, WCSuccess, wcs[0].Status)
+			require.Equal(t, QPStateRTS, r.qp.State())
+		})
+	}
 }

@@ -10,6 +10,19 @@ import (
 )
 
 // QPState is a queue pair state (IBTA 10.3.1, ibv_qp_state).
+//
+// Modify moves a QP through RESET, INIT, RTR, RTS and SQD; the engine
+// moves it to ERR or SQE on an error. An RC QP never enters SQE: any
+// error of its send queue (a completion error: retries exceeded, a NAK, a
+// local protection error) moves it to ERR and flushes both queues (IBTA
+// 10.3.1: the Send Queue Error state exists for every service but RC; as
+// rxe). A UC or UD send or RDMA WRITE that completes in error moves the
+// QP from RTS or SQD to SQE: the WQEs behind it and those posted in SQE
+// complete with WR_FLUSH_ERR, the receive queue goes on (C10-38), and
+// Modify SQE -> RTS resumes sending. rxe moves UC and UD QPs to ERR
+// instead (it never enters SQE). A UC local operation that fails
+// (LOCAL_INV, REG_MR, BIND_MW) and a completion that overruns its CQ move
+// any QP to ERR.
 type QPState uint8
 
 // QP states, libibverbs enum ibv_qp_state order.

@@ -177,7 +177,7 @@ func (qp *QP) runRequesterUD(b *txBatch) bool {
 			return true
 		}
 		if !qp.sendDatagram(b, path, &qp.sq.wqe[r.idx%nslots]) {
-			return false // local error; the WQE was completed and the QP is in ERR
+			return false // local error; the WQE was completed and the QP is in SQE (fail)
 		}
 	}
 	return false
