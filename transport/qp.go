@@ -107,8 +107,8 @@ type QPAttr struct {
 	// RQPSN is rq_psn. Modify (QPAttrRQPSN, on INIT -> RTR) sets the
 	// responder's first expected PSN; Attr reports the PSN it expects
 	// next, which moves with every request taken (rxe_qp_to_attr:
-	// qp->resp.psn). UD responders do not track PSNs: theirs stays as
-	// set.
+	// qp->resp.psn); on UD, which checks no PSN, one past the last
+	// datagram received (0 before the first, as in rxe).
 	RQPSN wire.PSN
 	// SQPSN is sq_psn. Modify (QPAttrSQPSN, on RTR -> RTS) sets the
 	// requester's first PSN; Attr reports the PSN it sends next, which
@@ -436,9 +436,7 @@ func (qp *QP) Attr() QPAttr {
 	a.State = qp.State()
 	a.CurState = a.State
 	a.SQPSN = qp.req.psn
-	if qp.typ != QPTypeUD {
-		a.RQPSN = qp.resp.ePSN
-	}
+	a.RQPSN = qp.resp.ePSN
 	a.SQDraining = qp.sqDraining && a.State == QPStateSQD
 	return a
 }

@@ -273,3 +273,17 @@ func TestUnreliableSendErrorEntersSQE(t *testing.T) {
 		})
 	}
 }
+
+// TestUDAttrRQPSNFollowsDatagrams: a UD QP's rq_psn, which no Modify
+// sets (INIT -> RTR takes no RQ_PSN for UD), is one past the PSN of the
+// last datagram received, as rxe's execute sets qp->resp.psn = pkt->psn +
+// 1 for every request it takes, UD's included (check_psn checks none on
+// UD), and rxe_qp_to_attr reports it.
+func TestUDAttrRQPSNFollowsDatagrams(t *testing.T) {
+	r := newDGRig(t, QPTypeUD, conn.PipeConfig{})
+	require.Equal(t, wire.PSN(0), r.qp.Attr().RQPSN)
+	r.postRecv(1, 0, 2048)
+	r.deliver(r.ud(dgQKey, 0x11, make([]byte, 8), false)) // PSN 77
+	require.Len(t, r.poll(), 1)
+	require.Equal(t, wire.PSN(78), r.qp.Attr().RQPSN)
+}

@@ -320,6 +320,9 @@ func (qp *QP) respondUD(p *wire.Packet, pkt *conn.Packet, path *path) {
 		return
 	}
 	r.haveRecv = false
+	// rq_psn follows the datagrams taken, unchecked (rxe execute:
+	// qp->resp.psn = pkt->psn + 1 for every request, UD's included).
+	r.ePSN = p.PSN().Add(1)
 	wc := WC{WRID: r.recv.wrid, Status: WCSuccess, Opcode: WCRecv, ByteLen: uint32(GRHSize + n),
 		QPN: qpnOf(qp.qpn), SrcQP: uint32(deth.SrcQP()), Flags: WCWithGRH, SrcPort: pkt.Addr.Port()}
 	if p.Info.Mask&wire.MaskImmDt != 0 {
