@@ -28,6 +28,18 @@ import (
 // returns (x/net internal/socket parseInetAddr), and the conn must not
 // allocate per packet. Addresses go straight between sockaddrs and
 // netip.AddrPort here.
+//
+// They go through unix.RawSyscall6, not Syscall6: the socket is
+// non-blocking (the RawConn's poller waits on EAGAIN), so sendmmsg and
+// recvmmsg never sleep, and the scheduler's bookkeeping for a call that
+// might (entersyscall, and sysmon handing the P to another thread when the
+// call runs past 20 µs, which a 64-datagram GSO sendmmsg does) only adds
+// thread wake-ups. gVisor's fdbased endpoint issues its non-blocking
+// batch calls the same way. Measured with the two-process write-bw at 64
+// KiB (perf stat, 4 alternating pairs under load): 20 % less CPU per
+// message, 35 % fewer context switches. A raw call keeps its P for its
+// length (up to about 1 ms for 64 GRO super-buffers), which delays the
+// goroutines queued on that P and a stop-the-world by as much.
 
 const (
 	sendMsgs   = 256        // messages per sendmmsg (the kernel takes up to UIO_MAXIOV = 1024)
@@ -753,7 +765,7 @@ type sendResume struct {
 // in c.s*. It is a method value built once, so calling it allocates nothing.
 func (c *UDPConn) sendmmsg(fd uintptr) bool {
 	for {
-		n, _, e := unix.Syscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&c.sh[c.sOff])), uintptr(c.sCnt), 0, 0, 0)
+		n, _, e := unix.RawSyscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&c.sh[c.sOff])), uintptr(c.sCnt), 0, 0, 0)
 		c.stats.SendCalls.Add(1)
 		switch {
 		case e == unix.EINTR:
@@ -873,7 +885,7 @@ func (c *UDPConn) read(want int) error {
 // recvmmsg is the RawConn.Read callback (see sendmmsg).
 func (c *UDPConn) recvmmsg(fd uintptr) bool {
 	for {
-		n, _, e := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&c.rh[0])), uintptr(c.rCnt), 0, 0, 0)
+		n, _, e := unix.RawSyscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&c.rh[0])), uintptr(c.rCnt), 0, 0, 0)
 		c.stats.RecvCalls.Add(1)
 		switch e {
 		case unix.EINTR:
