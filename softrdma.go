@@ -75,8 +75,10 @@ type Config struct {
 	// SlowRestart makes a retransmit timeout resend one packet and grow
 	// the window back as ACKs return (RFC 5681 3.1's loss window; NVIDIA
 	// ConnectX's "slow restart"), instead of resending the whole go-back-N
-	// window as rxe does: for a receiver that falls behind (a loaded host),
-	// which full-window resends on every expiry drown in copies. It costs
+	// window as rxe does (and an RDMA READ is asked for again in pieces
+	// no longer than that window, not all its missing responses at once):
+	// for a receiver that falls behind (a loaded host), which full-window
+	// resends on every expiry drown in copies. It costs
 	// throughput where the QP timeout is close to the round trip (a false
 	// timeout restarts from one packet). Off by default; see
 	// transport.Config.SlowRestart.

@@ -120,7 +120,13 @@ func (qp *QP) completer(p *wire.Packet, path *path) bool {
 		info := p.Info
 		n := uint64(len(p.Payload))
 		last := info.Mask&wire.MaskLast != 0
-		if w.readDone+n > w.length || (!last && n != mtu) || (last && w.readDone+n != w.length) {
+		end := w.readDone+n == w.length
+		// A LAST or ONLY ends the READ, or, once the requester asked
+		// for a piece of it (slow restart, sendReadRequest), maybe only
+		// a piece: whole MTUs short of the end. The piece may be an
+		// earlier one than the last asked for (its responses late
+		// behind a backlog); the data is placed by PSN all the same.
+		if w.readDone+n > w.length || (!last && n != mtu) || (last && !end && (!w.readPiece || n != mtu)) {
 			qp.fail(w, WCBadRespErr)
 			return false
 		}
@@ -140,9 +146,11 @@ func (qp *QP) completer(p *wire.Packet, path *path) bool {
 		if c.readRetryPending && !psn.Before(c.readRetryUntil) {
 			c.readRetryPending = false
 		}
-		if last {
+		if last && end {
 			qp.retire(w, WCSuccess)
 		}
+		// After the LAST of a piece progress finds nothing outstanding
+		// and stops the timer; the kick sends the next piece.
 		qp.progress()
 		return true
 	}

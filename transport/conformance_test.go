@@ -214,3 +214,86 @@ func TestDuplicateReadSubRange(t *testing.T) {
 	}
 	require.Equal(t, stale+5, r.drops(DropStaleDuplicate))
 }
+
+// readResponses reads the n packets the device sent to the peer and
+// returns their opcodes, PSNs and payloads joined.
+func (r *responderRig) readResponses(n int) (ops []wire.Opcode, psns []wire.PSN, data []byte) {
+	r.t.Helper()
+	for range n {
+		pkts := make([]conn.Packet, 1)
+		k, err := r.peer.Receive(pkts)
+		require.NoError(r.t, err)
+		require.Equal(r.t, 1, k)
+		var p wire.Packet
+		require.NoError(r.t, wire.Parse(pkts[0].Buf, &p))
+		ops, psns = append(ops, p.Opcode()), append(psns, p.PSN())
+		data = append(data, p.Payload...)
+	}
+	return ops, psns, data
+}
+
+// A requester in slow restart asks for the rest of a READ in pieces, each
+// a READ request for a sub-range (whole MTUs from the first missing byte;
+// VA, length and PSN advanced alike). Whether the responder executed the
+// READ (each piece is then a duplicate, answered from the saved resource
+// for the bytes it names: IBTA 9.7.5.1.4, rxe duplicate_request) or the
+// READ request itself was lost (each piece is then a new, shorter READ,
+// executed in PSN order), the pieces return the READ's bytes at the READ's
+// PSNs, and the request after the READ is expected at the PSN after the
+// READ's last.
+func TestReadRequestedInPieces(t *testing.T) {
+	const npkts = 8 // 8192 bytes: the rig's MR
+	type piece struct {
+		psn  wire.PSN
+		pkts int
+		ops  []wire.Opcode
+	}
+	only := []wire.Opcode{wire.OpRDMAReadResponseOnly}
+	firstLast := []wire.Opcode{wire.OpRDMAReadResponseFirst, wire.OpRDMAReadResponseLast}
+	firstMidLast := []wire.Opcode{wire.OpRDMAReadResponseFirst, wire.OpRDMAReadResponseMiddle, wire.OpRDMAReadResponseLast}
+	for _, c := range []struct {
+		name     string
+		executed bool // the READ request reached the responder
+		pieces   []piece
+	}{
+		{"duplicates", true, []piece{{1002, 1, only}, {1003, 2, firstLast}, {1005, 3, firstMidLast}}},
+		{"request lost", false, []piece{{1000, 1, only}, {1001, 2, firstLast}, {1003, 5, nil}}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := newResponderRig(t)
+			for i := range rigMR {
+				r.mem[rigGuard+i] = byte(i*7 + i>>10)
+			}
+			base := r.mr.Addr()
+			if c.executed {
+				r.deliver(r.build(wire.OpRDMAReadRequest, 1000, nil, true, r.reth(base, r.mr.RKey(), npkts*rigMTU)))
+				_, psns, data := r.readResponses(npkts)
+				require.Equal(t, psnRange(1000, npkts), psns)
+				require.Equal(t, r.mem[rigGuard:rigGuard+rigMR], data)
+			}
+			got := make([]byte, 0, rigMR)
+			if c.executed {
+				got = append(got, r.mem[rigGuard:rigGuard+2*rigMTU]...) // 1000, 1001 came
+			}
+			for _, pc := range c.pieces {
+				off := uint64(pc.psn-1000) * rigMTU
+				r.deliver(r.build(wire.OpRDMAReadRequest, pc.psn, nil, true, r.reth(base+off, r.mr.RKey(), uint32(pc.pkts*rigMTU))))
+				ops, psns, data := r.readResponses(pc.pkts)
+				require.Equal(t, psnRange(pc.psn, pc.pkts), psns, "piece at %d", pc.psn)
+				if pc.ops != nil {
+					require.Equal(t, pc.ops, ops, "piece at %d", pc.psn)
+				}
+				require.Equal(t, r.mem[rigGuard+int(off):rigGuard+int(off)+pc.pkts*rigMTU], data, "piece at %d", pc.psn)
+				got = append(got, data...)
+			}
+			require.Equal(t, r.mem[rigGuard:rigGuard+rigMR], got, "the pieces are the READ")
+			// The next request is expected after the READ's 8 PSNs.
+			r.deliver(r.build(wire.OpRDMAWriteOnly, 1008, []byte{1}, true, r.reth(base, r.mr.RKey(), 1)))
+			op, syn, psn := r.answer()
+			require.Equal(t, wire.OpAcknowledge, op)
+			require.Equal(t, wire.SyndromeACK, syn)
+			require.Equal(t, wire.PSN(1008), psn)
+			require.Equal(t, wire.PSN(1009), r.qp.ResponderState().ExpectedPSN)
+		})
+	}
+}

@@ -49,7 +49,9 @@ type Config struct {
 	SourcePort int
 	// SlowRestart makes a retransmit timeout resend one packet and grow
 	// the go-back-N window back as ACKs return (requester.go, onTimer),
-	// instead of resending the whole window at once as rxe does. It keeps
+	// instead of resending the whole window at once as rxe does; an RDMA
+	// READ is asked for again in pieces no longer than that window
+	// (sendReadRequest), not all its missing responses at once. It keeps
 	// a receiver that fell behind (a loaded host) from drowning in copies
 	// of the window, and costs throughput where the timeout is close to
 	// the round trip (a false timeout restarts from one packet). Off by

@@ -324,6 +324,10 @@ type sendWQE struct {
 	status   WCStatus
 	readDone uint64     // READ: response bytes placed so far
 	local    localState // LOCAL_INV, REG_MR, BIND_MW: executed? (mw.go)
+	// readPiece: a READ request for only part of what this READ has not
+	// received was sent (slow restart, sendReadRequest), so a response
+	// LAST or ONLY may end before the READ does.
+	readPiece bool
 }
 
 type recvWQE struct {

@@ -135,6 +135,13 @@ loop:
 		}
 		switch op {
 		case WRRDMARead:
+			if r.offset > w.readDone {
+				// A piece of it was requested (slow restart) and not
+				// all of its responses are in: the next piece goes
+				// when they are (the completer kicks the requester),
+				// or after a retry rewinds to what was received.
+				break loop
+			}
 			if n := packetsFor(w.length-r.offset, mtu); int64(qp.comp.psn.Distance(r.psn))+int64(n) >= maxOutstandingPSNs {
 				// Its responses would put more than half the PSN space
 				// in flight: wait for what is outstanding.
@@ -142,8 +149,10 @@ loop:
 			}
 			qp.sendReadRequest(b, path, w)
 			budget--
-			r.idx++
-			r.offset = 0
+			if r.offset >= w.length {
+				r.idx++
+				r.offset = 0
+			}
 		case WRAtomicCmpAndSwp, WRAtomicFetchAndAdd:
 			qp.sendAtomic(b, path, w)
 			budget--
@@ -289,17 +298,41 @@ func (qp *QP) sendSegment(b *txBatch, path *path, w *sendWQE) bool {
 }
 
 // sendReadRequest sends an RDMA READ request for the part of the WQE not
-// yet received (all of it, or the remainder after a retry).
+// yet received: all of it, or the rest after a retry (IBTA 9.7.5.1.3: the
+// re-request names the PSN of the first missing response and the VA and
+// length of what it covers). In slow restart (restartWnd set) the request
+// covers no more response packets than the window has room for, whole
+// MTUs from the first missing byte: a READ request for a sub-range of the
+// READ, which a responder that executed the READ answers as a duplicate
+// from its saved resource (IBTA 9.7.5.1.4; rxe's duplicate_request
+// accepts any sub-range under the same rkey) and one that did not as a
+// new, shorter READ whose PSNs are the same. The requester sends the next
+// piece when this one is in. It sets r.psn after the request and r.offset
+// to the bytes requested so far. Caller holds sq.
 func (qp *QP) sendReadRequest(b *txBatch, path *path, w *sendWQE) {
 	r := &qp.req
+	mtu := uint64(path.mtu)
 	done := w.readDone
-	psn := w.firstPSN.Add(uint32(done / uint64(path.mtu)))
-	n := packetsFor(w.length-done, path.mtu)
+	psn := w.firstPSN.Add(uint32(done / mtu))
+	length := w.length - done
+	n := packetsFor(length, path.mtu)
+	if r.restartWnd != 0 {
+		room := int64(r.restartWnd) - int64(qp.comp.psn.Distance(psn))
+		if room < 1 {
+			room = 1
+		}
+		if room < int64(n) {
+			n = uint32(room)
+			length = uint64(n) * mtu
+			w.readPiece = true
+		}
+	}
 	buf, info := buildPacket(b, path, wire.OpRDMAReadRequest, psn, true, 0)
 	wire.RETH(buf[info.Offset[wire.HdrRETH]:]).Encode(&wire.RETHFields{
-		VA: w.wr.RemoteAddr + done, RKey: w.wr.RKey, DMALength: uint32(w.length - done)})
+		VA: w.wr.RemoteAddr + done, RKey: w.wr.RKey, DMALength: uint32(length)})
 	qp.countTx(psn, n)
 	r.psn = psn.Add(n)
+	r.offset = done + length
 	r.noack = 0
 }
 
