@@ -91,8 +91,11 @@ type Device struct {
 	counters    Counters
 	policy      FaultPolicy
 	slowRestart bool // Config.SlowRestart
-	mtu         MTU  // active MTU; 0: MTU4096
-	susp        suspendState
+	// maxUnacked is the requesters' window in PSNs: MaxUnackedPSNs; tests
+	// that count a window's packets set a smaller one.
+	maxUnacked int32
+	mtu        MTU // active MTU; 0: MTU4096
+	susp       suspendState
 
 	// spread: each QP sends from rxe's port for it (Config.SourcePort
 	// 0); otherwise every packet leaves from fixedPort, held by the
@@ -157,6 +160,7 @@ func NewDevice(cfg Config) (*Device, error) {
 		logf:        cfg.Logf,
 		policy:      cfg.FaultPolicy,
 		slowRestart: cfg.SlowRestart,
+		maxUnacked:  MaxUnackedPSNs,
 		mtu:         cfg.ActiveMTU,
 		runqWake:    make(chan struct{}, 1),
 		done:        make(chan struct{}),

@@ -27,7 +27,13 @@ const (
 	// window, so that a fast sender cannot overrun the receiver's socket
 	// buffer (64 MiB holds 16k packets of 4 KiB; 1024 leaves room for many
 	// QPs). READ responses count: a READ reserves one PSN per response.
-	MaxUnackedPSNs = 256
+	// At MTU 4096 the window is 4 MiB: 1.4 ms of write-bw at 2.9 GB/s,
+	// more than an ACK's round trip through two receive loops on a busy
+	// host. With 256 (1 MiB) the requester waited for ACKs: write-bw at
+	// 64 KiB over loopback 2.76-2.84 GB/s against 2.97-3.55 with 1024 and
+	// 2.78-2.94 with 512, same run (docs/performance.md, "Session 12"),
+	// while the two-host test under 1 % loss took as long with either.
+	MaxUnackedPSNs = 1024
 	// AckEveryNPackets makes the requester set AckReq on every Nth packet
 	// of a long message as well as on the last, so the window keeps moving
 	// (rxe: RXE_MAX_PKT_PER_ACK).

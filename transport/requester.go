@@ -391,19 +391,19 @@ func (qp *QP) rewind() {
 }
 
 // sendWindow returns the PSNs the requester may have outstanding: the
-// slow-restart window after a local ACK timeout, else MaxUnackedPSNs.
-// Caller holds sq.
+// slow-restart window after a local ACK timeout, else the device's window
+// (MaxUnackedPSNs). Caller holds sq.
 func (qp *QP) sendWindow() int32 {
 	if w := qp.req.restartWnd; w != 0 {
 		return int32(w)
 	}
-	return MaxUnackedPSNs
+	return qp.dev.maxUnacked
 }
 
 // growRestartWindow opens the slow-restart window by the PSNs acknowledged
 // since it last grew (RFC 5681 3.1's slow start: one segment per segment
-// acknowledged, so the window doubles each round trip); at MaxUnackedPSNs
-// the restart is over. Caller holds sq.
+// acknowledged, so the window doubles each round trip); at the device's
+// window (MaxUnackedPSNs) the restart is over. Caller holds sq.
 func (qp *QP) growRestartWindow() {
 	r := &qp.req
 	if r.restartWnd == 0 {
@@ -414,7 +414,7 @@ func (qp *QP) growRestartWindow() {
 		return
 	}
 	r.restartAcked = qp.comp.psn
-	if w := int64(r.restartWnd) + int64(n); w < MaxUnackedPSNs {
+	if w := int64(r.restartWnd) + int64(n); w < int64(qp.dev.maxUnacked) {
 		r.restartWnd = uint32(w)
 	} else {
 		r.restartWnd = 0

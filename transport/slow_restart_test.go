@@ -29,13 +29,17 @@ func psnRange(first wire.PSN, n int) []wire.PSN {
 	return out
 }
 
+// testWindow is the requester's window (the device's maxUnacked, at most
+// MaxUnackedPSNs) on the rigs whose tests count a window's packets.
+const testWindow = 256
+
 // TestTimeoutRestartsWithOnePacket: after a local ACK timeout the requester
 // goes back to the oldest unacknowledged PSN (go-back-N, IBTA 9.7.5.1.3)
 // and resends one packet, which asks for an ACK, not the whole window: the
 // loss window of RFC 5681 3.1 (one segment after the retransmission timer),
 // as RoCE NICs' slow restart does. Each ACK then opens the window by the
 // PSNs it acknowledges (slow start: 1, 2, 4, ... per round trip) until it
-// is MaxUnackedPSNs again. A responder that fell behind (a loaded host
+// is testWindow again. A responder that fell behind (a loaded host
 // draining its socket slowly) used to get a full window (256 packets)
 // queued behind its backlog at every expiry.
 func TestTimeoutRestartsWithOnePacket(t *testing.T) {
@@ -45,7 +49,7 @@ func TestTimeoutRestartsWithOnePacket(t *testing.T) {
 		r.postBigSend(t, 600)  // PSNs 5000..5599 at MTU 1024
 		ps := r.drain()
 		psns, _ := psnsOf(ps)
-		require.Equal(t, psnRange(5000, MaxUnackedPSNs), psns, "the first pass sends the window")
+		require.Equal(t, psnRange(5000, testWindow), psns, "the first pass sends the window")
 
 		// The responder is silent: each expiry resends PSN 5000 alone,
 		// with AckReq.
@@ -81,11 +85,11 @@ func TestTimeoutRestartsWithOnePacket(t *testing.T) {
 			round *= 2
 		}
 		// 5000..5254 acknowledged (1+2+...+128 packets): the window is
-		// MaxUnackedPSNs again.
+		// testWindow again.
 		require.Equal(t, wire.PSN(5255), next)
 		ps = r.drain()
 		psns, _ = psnsOf(ps)
-		require.Equal(t, psnRange(5255, MaxUnackedPSNs), psns)
+		require.Equal(t, psnRange(5255, testWindow), psns)
 		require.Zero(t, r.qp.req.restartWnd)
 		r.ackPkt(wire.SyndromeACK, 5510, 0)
 		ps = r.drain()
@@ -130,7 +134,7 @@ func TestSlowResponderBacklogStaysBounded(t *testing.T) {
 			socket = append(socket, r.drain()...)
 			expiries := r.d.counters.RetransmitTimeouts.Load()
 			maxQueued = max(maxQueued, len(socket))
-			require.LessOrEqual(t, len(socket), 2*MaxUnackedPSNs+int(expiries),
+			require.LessOrEqual(t, len(socket), 2*testWindow+int(expiries),
 				"step %d: %d packets wait at the responder, more than two windows plus %d expiries",
 				step, len(socket), expiries)
 			if s := r.qp.RequesterState(); s.Completed == s.Posted {
@@ -186,7 +190,7 @@ func TestLateACKAfterTimeoutSkipsAcknowledged(t *testing.T) {
 		r := newSyncRig(t)
 		r.d.slowRestart = true // Config.SlowRestart
 		r.postBigSend(t, 600)  // PSNs 5000..5599 at MTU 1024
-		require.Len(t, r.drain(), MaxUnackedPSNs)
+		require.Len(t, r.drain(), testWindow)
 		time.Sleep(r.qp.timeoutDuration() + time.Millisecond)
 		psns, _ := psnsOf(r.drain())
 		require.Equal(t, []wire.PSN{5000}, psns)
@@ -208,10 +212,10 @@ func TestTimeoutResendsWindowByDefault(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r := newSyncRig(t)
 		r.postBigSend(t, 600) // PSNs 5000..5599 at MTU 1024
-		require.Len(t, r.drain(), MaxUnackedPSNs)
+		require.Len(t, r.drain(), testWindow)
 		time.Sleep(r.qp.timeoutDuration() + time.Millisecond)
 		psns, _ := psnsOf(r.drain())
-		require.Equal(t, psnRange(5000, MaxUnackedPSNs), psns)
+		require.Equal(t, psnRange(5000, testWindow), psns)
 		require.Zero(t, r.qp.req.restartWnd)
 	})
 }
@@ -230,7 +234,7 @@ func TestTimeoutResendsWindowAcrossPSNWrap(t *testing.T) {
 		r.qp.req.psn, r.qp.comp.psn = first, first
 		r.qp.sq.Unlock()
 		r.postBigSend(t, 600)
-		window := psnRange(first, MaxUnackedPSNs) // 0xFFFF80..0xFFFFFF, 0..0x7F
+		window := psnRange(first, testWindow) // 0xFFFF80..0xFFFFFF, 0..0x7F
 		psns, _ := psnsOf(r.drain())
 		require.Equal(t, window, psns, "the first pass sends the window")
 		time.Sleep(r.qp.timeoutDuration() + time.Millisecond)
@@ -335,7 +339,7 @@ func (r *readRig) respond(q readReq, lose func(wire.PSN) bool) {
 // (Config.SlowRestart) the re-request asks for no more responses than the
 // restart window, one packet at first, then 2, 4, ... 128 as each piece
 // comes in (its LAST, an rxe replay's, ends the piece, not the READ), and
-// the rest in one request once the window is MaxUnackedPSNs again. It
+// the rest in one request once the window is testWindow again. It
 // used to ask for all 590 missing packets at once: on a loaded host the
 // responder streamed the whole remainder again at a requester already
 // behind, every timeout (TestTransfersUnderImpairment's 1 MiB READ).
@@ -360,7 +364,7 @@ func TestTimeoutRereadsInPieces(t *testing.T) {
 			r.respond(qs[0], nil)
 			next = next.Add(uint32(piece))
 		}
-		// 10 + 255 packets in: the window is MaxUnackedPSNs, the
+		// 10 + 255 packets in: the window is testWindow, the
 		// restart over; the rest goes in one request.
 		require.Equal(t, wire.PSN(5265), next)
 		qs = readReqs(t, r.drain())
@@ -467,7 +471,7 @@ func TestReadPieceLossAndLateResponses(t *testing.T) {
 				require.False(t, q.psn.Before(5006), "%+v", q)
 				require.Equal(t, readVA+uint64(q.psn-5000)*rigMTU, q.va)
 				require.False(t, wire.PSN(5040).Before(q.psn.Add(packetsFor(uint64(q.length), rigMTU))), "%+v", q)
-				require.LessOrEqual(t, packetsFor(uint64(q.length), rigMTU), uint32(MaxUnackedPSNs))
+				require.LessOrEqual(t, packetsFor(uint64(q.length), rigMTU), uint32(testWindow))
 				r.respond(q, nil)
 			}
 			wcs = r.poll()
@@ -485,5 +489,22 @@ func TestReadPieceLossAndLateResponses(t *testing.T) {
 		require.Len(t, wcs, 1)
 		require.Equal(t, WCSuccess, wcs[0].Status)
 		require.Equal(t, uint64(3), wcs[0].WRID)
+	})
+}
+
+// TestDefaultWindowIsMaxUnackedPSNs: a device's requesters keep at most
+// MaxUnackedPSNs (1024) PSNs outstanding; the next packet goes out only
+// when an ACK opens the window, by as many PSNs as it acknowledges.
+func TestDefaultWindowIsMaxUnackedPSNs(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := newSyncRig(t)
+		r.d.maxUnacked = newResponderRig(t).d.maxUnacked // NewDevice's default
+		require.Equal(t, int32(1024), r.d.maxUnacked)
+		r.postBigSend(t, 1100) // PSNs 5000..6099 at MTU 1024
+		psns, _ := psnsOf(r.drain())
+		require.Equal(t, psnRange(5000, 1024), psns, "the first pass sends the window")
+		r.ackPkt(wire.SyndromeACK, 5009, 0) // 10 PSNs acknowledged
+		psns, _ = psnsOf(r.drain())
+		require.Equal(t, psnRange(6024, 10), psns)
 	})
 }

@@ -249,7 +249,7 @@ func TestNAKWhileSendWorkerBusyResumes(t *testing.T) {
 		defer g.open()
 		r.postBigSend(t, 600) // PSNs 5000..5599 at MTU 1024
 		ps := r.drain()
-		require.Len(t, ps, MaxUnackedPSNs) // the window
+		require.Len(t, ps, testWindow) // the window
 		require.Equal(t, wire.PSN(5255), ps[len(ps)-1].PSN())
 
 		// An ACK opens the window by 64; the worker builds 5256..5319
@@ -277,7 +277,7 @@ func TestNAKWhileSendWorkerBusyResumes(t *testing.T) {
 		g.hold.Store(false)
 		g.release <- struct{}{}
 		ps = r.drain()
-		require.Len(t, ps, 64+MaxUnackedPSNs)
+		require.Len(t, ps, 64+testWindow)
 		require.Equal(t, wire.PSN(5256), ps[0].PSN())
 		require.Equal(t, wire.PSN(5100), ps[64].PSN())
 		require.Equal(t, wire.OpSendMiddle, ps[64].Opcode())
