@@ -145,6 +145,13 @@ type Device struct {
 	reader   *placement.Reader
 	workerTx txBatch // used by the send worker only
 	ackList  []*QP   // QPs owing a coalesced ACK; receive loop only
+	// buffered reports whether the conn holds packets already read
+	// (conn.UDPConn.Buffered; nil if the conn cannot tell), and ackHeld
+	// counts the packets handled since the coalesced ACKs were last sent:
+	// the receive loop sends them when nothing is buffered or after
+	// ackCoalescePackets packets. Receive loop only.
+	buffered func() bool
+	ackHeld  int
 	// events is the asynchronous event queue (async.go).
 	events eventQueue
 }
@@ -175,6 +182,9 @@ func NewDevice(cfg Config) (*Device, error) {
 	d.qps.next = FirstQPN
 	d.events.init()
 	d.reader = d.place.NewReader()
+	if b, ok := cfg.Conn.(interface{ Buffered() bool }); ok {
+		d.buffered = b.Buffered
+	}
 	d.rxTx.init(d)
 	d.workerTx.init(d)
 	d.wg.Add(2)
@@ -578,11 +588,34 @@ func (d *Device) rxLoop() {
 		// the next batch; a DeregMR or a suspension waiting for a grace
 		// period may proceed without waiting for the sends below.
 		// Always before Receive blocks.
-		d.reader.Quiesce()
-		d.flushAcks()
-		d.rxTx.flush()
+		d.endBatch(n)
 	}
 }
+
+// endBatch ends a receive batch of n packets: the reader quiesces, the
+// coalesced ACKs go if nothing more is buffered in the conn or
+// ackCoalescePackets packets were handled since they last went, and what
+// the batch owes is sent.
+func (d *Device) endBatch(n int) {
+	d.reader.Quiesce()
+	d.ackHeld += n
+	if d.ackHeld >= ackCoalescePackets || d.buffered == nil || !d.buffered() {
+		d.flushAcks()
+	}
+	d.rxTx.flush()
+}
+
+// ackCoalescePackets bounds how many packets the receive loop handles
+// before it sends the ACKs it coalesced, while more packets wait in the
+// conn: a quarter of a requester's window (MaxUnackedPSNs), so that the
+// window keeps moving. IBTA 9.7.5.1.1 lets a responder acknowledge many
+// requests with one ACK. A receive batch is 64 packets (conn.
+// IdealBatchSize), and an ACK per batch cost a write-bw at 64 KiB over
+// loopback an ACK per 4 messages, each a wake-up of the requester's
+// receive loop (docs/performance.md, "Session 12"). When nothing more is
+// buffered the ACKs go at once, before the next Receive may block, so a
+// lone request is acknowledged as fast as before.
+const ackCoalescePackets = MaxUnackedPSNs / 4
 
 // warnDrop logs a dropped packet that a peer should not have sent (the
 // log names the peer and what it asked), rate-limited per reason: the first
@@ -704,6 +737,7 @@ func (qp *QP) receiving() bool {
 // responder state, which a Modify to RESET rewrites: it is read under
 // respMu.
 func (d *Device) flushAcks() {
+	d.ackHeld = 0
 	for _, qp := range d.ackList {
 		qp.respMu.Lock()
 		qp.resp.inAckList = false

@@ -107,6 +107,10 @@ const (
 // Send may be called from several goroutines (calls are serialized).
 // Receive must be called from one goroutine at a time: the packets it
 // returns alias the conn's buffers until the next Receive.
+//
+// A Conn may also have a method Buffered() bool (UDPConn and PipeConn do)
+// reporting whether packets already read wait for the next Receive; a
+// device's receive loop then coalesces ACKs while they do.
 type Conn interface {
 	// Send sends pkts in order. It computes every packet's ICRC in place
 	// (so each Buf must have room for the trailer and no two Bufs may

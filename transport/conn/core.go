@@ -437,6 +437,17 @@ func (c *core) shutdown() {
 	c.rxMu.Unlock()
 }
 
+// Buffered reports whether packets already read from the network wait
+// for the next Receive, which then returns without a system call (the
+// rest of a recvmmsg batch, the segments of a GRO super-buffer, released
+// impaired packets). A receive loop that coalesces acknowledgements sends
+// them when nothing is buffered, as the next Receive may block.
+func (c *core) Buffered() bool {
+	c.rxMu.Lock()
+	defer c.rxMu.Unlock()
+	return c.rxHead < len(c.rxReady) || c.rxRawHead < len(c.rxRaw)
+}
+
 // beginReceive starts a Receive call: the previous call's buffers go back
 // to the pool. Called with rxMu held.
 func (c *core) beginReceive() {

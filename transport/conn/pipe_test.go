@@ -130,3 +130,26 @@ func TestCloseWhileSendStartsTheTimer(t *testing.T) {
 		b.Close()
 	}
 }
+
+// TestBufferedReportsWhatReceiveHolds: Buffered is true while packets
+// already taken from the network wait for the next Receive, and false once
+// a Receive has handed out the last of them (the next one would block).
+func TestBufferedReportsWhatReceiveHolds(t *testing.T) {
+	a, b := newPipe(t, 0)
+	require.False(t, b.Buffered())
+	pkts := make([]conn.Packet, 10)
+	for i := range pkts {
+		pkts[i] = conn.Packet{Buf: newPacket(uint32(i), 64), Addr: b.LocalAddr()}
+	}
+	require.NoError(t, a.Send(pkts))
+	got := make([]conn.Packet, 4)
+	for _, want := range []struct {
+		n        int
+		buffered bool
+	}{{4, true}, {4, true}, {2, false}} {
+		n, err := b.Receive(got)
+		require.NoError(t, err)
+		require.Equal(t, want.n, n)
+		require.Equal(t, want.buffered, b.Buffered(), "after %d", n)
+	}
+}
