@@ -56,3 +56,22 @@ func TestFileOfKernelFSRefused(t *testing.T) {
 		assert.Contains(t, err.Error(), "--file "+tc.path+": a file of the kernel's "+tc.fs, tc.path)
 	}
 }
+
+// TestConnectErrorNotCalledSetupTimeout: a QP connection that fails in the
+// first round (here the client's device is IPv6, ::1, and the server's
+// IPv4) fails both sides at once with that error, not with "said hello
+// but sent no QP data within 10s (the setup time limit)": the check read
+// the first round's exchange context after cancelling it, so every error
+// of the first connect was taken for the setup limit's expiry.
+func TestConnectErrorNotCalledSetupTimeout(t *testing.T) {
+	start := time.Now()
+	r := runPair(t, WriteBW, Options{}, Options{Bind: "[::1]:0", Params: Params{Iters: 5}})
+	require.Error(t, r.cliErr)
+	require.Error(t, r.srvErr)
+	for _, err := range []error{r.cliErr, r.srvErr} {
+		assert.NotContains(t, err.Error(), "sent no QP data")
+		assert.Contains(t, err.Error(), "IPv")
+	}
+	assert.Contains(t, r.cliErr.Error(), "is IPv4 but the device is bound to ::1")
+	assert.Less(t, time.Since(start), DefaultSetupTimeout, "neither side waited for the setup limit")
+}

@@ -921,9 +921,12 @@ func (s *session) run(ctx context.Context) error {
 			xctx, xcancel = context.WithTimeout(ctx, s.setupTimeout())
 		}
 		err := s.connect(ctx, xctx)
+		// Read before xcancel, which would make any error of the
+		// connection look like the setup limit's expiry.
+		setupExpired := xctx.Err() != nil
 		xcancel()
 		if err != nil {
-			if ctx.Err() == nil && xctx.Err() != nil {
+			if ctx.Err() == nil && setupExpired {
 				return &setupError{fmt.Sprintf("the peer at %s said hello but sent no QP data within %v (the setup time limit): "+
 					"is it stopped, or its host or the path down?", s.peerLabel(), s.setupTimeout()), err}
 			}
