@@ -482,12 +482,6 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 			return fmt.Errorf("%w: destination %v is %s but the device is bound to %v", ErrBadAttr,
 				attr.Dest, map[bool]string{true: "IPv4", false: "IPv6"}[dst.Is4()], local)
 		}
-		// Nor does a loopback address reach off the host: Linux
-		// refuses the route (EINVAL for every packet sent).
-		if dst := attr.Dest.Addr().Unmap(); local.Unmap().IsLoopback() && !dst.IsLoopback() {
-			return fmt.Errorf("%w: destination %v is not a loopback address, and the device is bound to %v, which reaches only loopback",
-				ErrBadAttr, attr.Dest, local)
-		}
 	}
 	if mask&QPAttrAV != 0 && attr.FlowLabel > wire.FlowLabelMask {
 		return fmt.Errorf("%w: flow label %#x is wider than 20 bits", ErrBadAttr, attr.FlowLabel)
