@@ -94,3 +94,20 @@ func TestSecondInterruptEndsProcess(t *testing.T) {
 		}
 	}
 }
+
+// TestPingpongPortZeroRefused: rc-, uc- and ud-pingpong -p 0 are usage
+// errors, as the perftest tools' -p 0 and rping's are: pingpong.Options
+// takes 0 for the default, so a server given -p 0 silently listened on
+// 18515 and a client connected there. (A short context bounds a server
+// that would wait.)
+func TestPingpongPortZeroRefused(t *testing.T) {
+	for _, tool := range []string{"rc-pingpong", "uc-pingpong", "ud-pingpong"} {
+		args := []string{tool, "-g", "1", "-p", "0", "--bind", "127.0.0.1:0"}
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		var o, e bytes.Buffer
+		code := run(ctx, args, &o, &e)
+		cancel()
+		assert.Equal(t, exitUsage, code, "%v: %s", args, e.String())
+		assert.Equal(t, "softrdma: "+tool+": -p 0: not a TCP port (1 to 65535; default 18515)\n", e.String(), args)
+	}
+}
