@@ -75,3 +75,14 @@ func TestConnectErrorNotCalledSetupTimeout(t *testing.T) {
 	assert.Contains(t, r.cliErr.Error(), "is IPv4 but the device is bound to ::1")
 	assert.Less(t, time.Since(start), DefaultSetupTimeout, "neither side waited for the setup limit")
 }
+
+// TestPeerReasonWithoutPackagePrefix: the reason a side tells its peer
+// reads as the side's own message does, without softrdma.Open's
+// "softrdma: " (the peer prints "softrdma: write-bw: peer: open ...", not
+// "peer: softrdma: open ...").
+func TestPeerReasonWithoutPackagePrefix(t *testing.T) {
+	r := runPair(t, WriteBW, Options{}, Options{Bind: "224.0.0.1", Params: Params{Iters: 5}})
+	require.Error(t, r.cliErr)
+	require.Error(t, r.srvErr)
+	assert.Contains(t, r.srvErr.Error(), "peer: open 224.0.0.1:0: conn: listen 224.0.0.1:0: need a specific local IP address")
+}

@@ -782,7 +782,9 @@ func (s *session) reasonForPeer(err error) string {
 	if s.interrupted(err) {
 		return peerInterrupted
 	}
-	return err.Error()
+	// Without softrdma.Open's "softrdma: ", as the CLI prints this side's
+	// own message: the peer prints it after its own prefix and "peer: ".
+	return strings.TrimPrefix(err.Error(), "softrdma: ")
 }
 
 // interrupted says whether err is the end of Run's own context (Ctrl-C,
