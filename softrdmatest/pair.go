@@ -3,6 +3,7 @@
 package softrdmatest
 
 import (
+	"cmp"
 	"math/rand/v2"
 	"net/netip"
 	"os"
@@ -27,7 +28,7 @@ type Options struct {
 	// NoConnect leaves the two RC QPs in RESET, for a test that connects
 	// them itself (with the connection manager, package rdmacm).
 	NoConnect  bool
-	Cap        softrdma.Cap // default 256 WRs, 4 SGEs, 64 bytes inline
+	Cap        softrdma.Cap // each zero field takes its default: 256 WRs, 4 SGEs, 64 bytes inline
 	CQDepth    int          // default 1024
 	NoPcap     bool         // do not capture (by default a failing test keeps a pcap)
 	PcapPath   string       // capture into this file and always keep it
@@ -152,10 +153,13 @@ func newSide(tb testing.TB, cfg softrdma.Config, o Options) *Side {
 	if err != nil {
 		tb.Fatalf("softrdmatest: create CQ: %v", err)
 	}
+	// Each zero field takes its default, each field given is used.
 	c := o.Cap
-	if c.MaxSendWR == 0 {
-		c = softrdma.Cap{MaxSendWR: 256, MaxRecvWR: 256, MaxSendSGE: 4, MaxRecvSGE: 4, MaxInlineData: 64}
-	}
+	c.MaxSendWR = cmp.Or(c.MaxSendWR, 256)
+	c.MaxRecvWR = cmp.Or(c.MaxRecvWR, 256)
+	c.MaxSendSGE = cmp.Or(c.MaxSendSGE, 4)
+	c.MaxRecvSGE = cmp.Or(c.MaxRecvSGE, 4)
+	c.MaxInlineData = cmp.Or(c.MaxInlineData, 64)
 	qp, err := dev.CreateQP(pd, softrdma.QPInitAttr{SendCQ: cq, RecvCQ: cq, Cap: c, Type: softrdma.QPTypeRC})
 	if err != nil {
 		tb.Fatalf("softrdmatest: create QP: %v", err)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/softrdma/softrdma"
 	"github.com/softrdma/softrdma/bench/scopes"
+	"github.com/softrdma/softrdma/cmd/softrdma/internal/perf"
 )
 
 // expCmd holds the experiments of `softrdma bench` (its name kept short
@@ -210,7 +211,7 @@ func checkWritable(path string) error {
 	case err == nil && st.IsDir():
 		return fmt.Errorf("%s is a directory", path)
 	case err == nil:
-		if kfs := kernelFS(path); kfs != "" {
+		if kfs := perf.KernelFS(path); kfs != "" {
 			return fmt.Errorf("%s is a file of the kernel's %s, not one that keeps what is written to it", path, kfs)
 		}
 		// O_NONBLOCK: a FIFO without a reader fails instead of blocking.
@@ -229,7 +230,7 @@ func checkWritable(path string) error {
 		return fmt.Errorf("cannot use %s: %w", path, pathErrno(err))
 	}
 	dir := filepath.Dir(path)
-	if kfs := kernelFS(dir); kfs != "" {
+	if kfs := perf.KernelFS(dir); kfs != "" {
 		return fmt.Errorf("cannot create %s: %s is in the kernel's %s, where no file can be created", path, dir, kfs)
 	}
 	f, err := os.CreateTemp(dir, ".softrdma-check-*")
@@ -249,22 +250,6 @@ func pathErrno(err error) error {
 		return pe.Err
 	}
 	return err
-}
-
-// kernelFS names the kernel's pseudo file system path is on ("procfs",
-// "sysfs"), or returns "" for any other.
-func kernelFS(path string) string {
-	var st unix.Statfs_t
-	if unix.Statfs(path, &st) != nil {
-		return ""
-	}
-	switch st.Type {
-	case unix.PROC_SUPER_MAGIC:
-		return "procfs"
-	case unix.SYSFS_MAGIC:
-		return "sysfs"
-	}
-	return ""
 }
 
 // writeFile creates path and writes it with f.

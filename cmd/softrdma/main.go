@@ -34,6 +34,14 @@ const (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// The first Ctrl-C or SIGTERM cancels ctx, and the commands end
+	// cleanly; a second one ends the process (the signal's default
+	// action), whatever it waits for: a system call that no context
+	// ends, such as opening a FIFO that no writer opens, ignored them all.
+	go func() {
+		<-ctx.Done()
+		stop()
+	}()
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)

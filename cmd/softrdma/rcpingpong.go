@@ -55,6 +55,10 @@ func (c *pingCmd) runAs(ctx context.Context, stdout, stderr io.Writer, name stri
 		fmt.Fprintf(stderr, "softrdma: %s: -i %d: the device has port 1 only\n", name, c.IBPort)
 		return exitUsage
 	}
+	if c.Port == 0 { // pingpong.Options takes 0 for the default
+		fmt.Fprintf(stderr, "softrdma: %s: -p 0: not a TCP port (1 to 65535; default %d)\n", name, pingpong.DefaultPort)
+		return exitUsage
+	}
 	if err := cmp.Or(checkTimeout("--connect-timeout", c.ConnectTimeout),
 		checkTimeout("--idle-timeout", c.IdleTimeout), checkPcap(c.Pcap)); err != nil {
 		fmt.Fprintf(stderr, "softrdma: %s: %v\n", name, err)

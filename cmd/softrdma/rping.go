@@ -42,6 +42,10 @@ func (c *rpingCmd) run(ctx context.Context, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "softrdma: rping: -P (persistent server) is not supported; run once per client")
 		return exitUsage
 	}
+	if c.Size == 0 { // rping.Options takes 0 for the default; rping refuses it
+		fmt.Fprintf(stderr, "softrdma: rping: Invalid size 0 (valid range is %d to %d)\n", rping.MinSize, rping.MaxSize)
+		return exitUsage
+	}
 	if c.Port == 0 { // rping.Options takes 0 for the default
 		fmt.Fprintln(stderr, "softrdma: rping: -p 0: not a port (1 to 65535; default 7174)")
 		return exitUsage

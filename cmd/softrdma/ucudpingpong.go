@@ -51,6 +51,10 @@ func (c *udPingCmd) run(ctx context.Context, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "softrdma: %s: -i %d: the device has port 1 only\n", name, c.IBPort)
 		return exitUsage
 	}
+	if c.Port == 0 { // pingpong.Options takes 0 for the default
+		fmt.Fprintf(stderr, "softrdma: %s: -p 0: not a TCP port (1 to 65535; default %d)\n", name, pingpong.DefaultPort)
+		return exitUsage
+	}
 	if err := cmp.Or(checkTimeout("--connect-timeout", c.ConnectTimeout),
 		checkTimeout("--idle-timeout", c.IdleTimeout), checkPcap(c.Pcap)); err != nil {
 		fmt.Fprintf(stderr, "softrdma: %s: %v\n", name, err)

@@ -105,11 +105,50 @@ var _ Conn = (*UDPConn)(nil)
 
 var sendCtlSize = unix.CmsgSpace(2)
 
+// isBroadcast reports whether ip is the limited broadcast address
+// (255.255.255.255) or the directed broadcast address of a subnet of one
+// of the host's interfaces (10.0.0.255 for 10.0.0.1/24; not for /31 and
+// /32, which have none). Linux binds a socket there, but a device so
+// bound sends packets to which no answer ever comes back.
+func isBroadcast(ip netip.Addr) bool {
+	if !ip.Is4() {
+		return false
+	}
+	if ip == netip.AddrFrom4([4]byte{255, 255, 255, 255}) {
+		return true
+	}
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return false
+	}
+	for _, a := range addrs {
+		n, ok := a.(*net.IPNet)
+		if !ok || n.IP.To4() == nil {
+			continue
+		}
+		ones, bits := n.Mask.Size()
+		if bits != 32 || ones >= 31 {
+			continue
+		}
+		var b [4]byte
+		for i, x := range n.IP.To4() {
+			b[i] = x | ^n.Mask[len(n.Mask)-4+i]
+		}
+		if netip.AddrFrom4(b) == ip {
+			return true
+		}
+	}
+	return false
+}
+
 // Listen opens a UDP conn bound to cfg.Addr.
 func Listen(cfg Config) (*UDPConn, error) {
 	ip := cfg.Addr.Addr().Unmap()
 	if !ip.IsValid() || ip.IsUnspecified() || ip.IsMulticast() {
 		return nil, fmt.Errorf("conn: listen %v: need a specific local IP address (the ICRC covers it)", cfg.Addr)
+	}
+	if isBroadcast(ip) {
+		return nil, fmt.Errorf("conn: listen %v: need a specific local IP address, not a broadcast one (the ICRC covers it)", cfg.Addr)
 	}
 	if cfg.Impair != nil {
 		if err := cfg.Impair.Validate(); err != nil {

@@ -276,7 +276,8 @@ func transfer(ctx context.Context, test perf.Test, file, out string, size int64,
 // that is not a regular file (a device or a pipe has no size to register
 // and send, and opening a FIFO blocks until a writer comes), one that is
 // empty (the tools would post no WRITE, READ or SEND, and each transfer
-// would "arrive intact" having moved nothing), or one that cannot be read.
+// would "arrive intact" having moved nothing), one of the kernel's procfs
+// or sysfs (its size is not its content), or one that cannot be read.
 func checkFile(path string) error {
 	st, err := os.Stat(path)
 	switch {
@@ -284,6 +285,9 @@ func checkFile(path string) error {
 		return fmt.Errorf("--file: %w (%w)", err, perf.ErrUsage)
 	case !st.Mode().IsRegular():
 		return fmt.Errorf("--file %s: not a regular file (%w)", path, perf.ErrUsage)
+	case perf.KernelFS(path) != "":
+		return fmt.Errorf("--file %s: a file of the kernel's %s, whose size (%d bytes) is not its content; copy it to a regular file first (%w)",
+			path, perf.KernelFS(path), st.Size(), perf.ErrUsage)
 	case st.Size() == 0:
 		return fmt.Errorf("--file %s: empty, the demo needs bytes to move (%w)", path, perf.ErrUsage)
 	}

@@ -1,11 +1,14 @@
 package demo
 
 import (
+	"os"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
+	"github.com/softrdma/softrdma/cmd/softrdma/internal/perf"
 	"github.com/softrdma/softrdma/transport"
 )
 
@@ -46,4 +49,23 @@ func TestLegendMatchesRxeMeanings(t *testing.T) {
 	writeCounters(&b, counters(map[string]uint64{"rcvd_rnr_err": 2}), counters(map[string]uint64{"send_rnr_err": 2, "drop_rnr": 2}))
 	assert.Contains(t, b.String(), " send_rnr_err/rcvd_rnr_err: RNR NAKs sent by a responder/received by a requester")
 	assert.NotContains(t, b.String(), "rcvd_seq_err")
+}
+
+// TestCheckFileRefusesKernelFS: a --file of the kernel's procfs or sysfs
+// is a usage error, as for the perftest tools: its size is not its
+// content (a sysfs attribute has size 4096 and holds a few bytes, and
+// the three transfers failed midway; a procfs file was called empty).
+func TestCheckFileRefusesKernelFS(t *testing.T) {
+	for _, tc := range []struct{ path, fs string }{
+		{"/proc/self/status", "procfs"},
+		{"/sys/kernel/mm/transparent_hugepage/enabled", "sysfs"},
+	} {
+		if _, err := os.Stat(tc.path); err != nil {
+			t.Logf("%s: %v", tc.path, err)
+			continue
+		}
+		err := checkFile(tc.path)
+		require.ErrorIs(t, err, perf.ErrUsage, tc.path)
+		assert.Contains(t, err.Error(), "--file "+tc.path+": a file of the kernel's "+tc.fs, tc.path)
+	}
 }

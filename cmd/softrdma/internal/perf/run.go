@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/softrdma/softrdma/cmd/softrdma/internal/exchange"
 	"github.com/softrdma/softrdma/cmd/softrdma/internal/hostaddr"
 	"github.com/softrdma/softrdma/cmd/softrdma/internal/idlewatch"
@@ -307,7 +309,10 @@ func (s *session) openFiles() error {
 	if o.File == "" {
 		return nil
 	}
-	f, err := os.Open(o.File)
+	// O_NONBLOCK: opening a FIFO would block until a writer came (for
+	// ever, and the blocked open ignores Ctrl-C); it has no effect on the
+	// reads of a regular file.
+	f, err := os.OpenFile(o.File, os.O_RDONLY|unix.O_NONBLOCK, 0)
 	if err != nil {
 		return usage(fmt.Errorf("--file: %w", err))
 	}
@@ -320,6 +325,13 @@ func (s *session) openFiles() error {
 		f.Close()
 		return usage(fmt.Errorf("--file %s: not a regular file", o.File))
 	}
+	if kfs := KernelFS(o.File); kfs != "" {
+		// A procfs file has size 0, a sysfs attribute 4096 bytes, and
+		// neither is its content: the run would move a wrong count.
+		f.Close()
+		return usage(fmt.Errorf("--file %s: a file of the kernel's %s, whose size (%d bytes) is not its content; copy it to a regular file first",
+			o.File, kfs, st.Size()))
+	}
 	if st.Size() == 0 {
 		// As the demo: an empty file would post nothing and report 0
 		// iterations as if it had measured something.
@@ -328,6 +340,23 @@ func (s *session) openFiles() error {
 	}
 	s.file, s.fileSize = f, st.Size()
 	return nil
+}
+
+// KernelFS names the kernel's pseudo file system path is on ("procfs",
+// "sysfs"), or returns "" for any other: their files' sizes are not their
+// contents, and they keep nothing written to them.
+func KernelFS(path string) string {
+	var st unix.Statfs_t
+	if unix.Statfs(path, &st) != nil {
+		return ""
+	}
+	switch st.Type {
+	case unix.PROC_SUPER_MAGIC:
+		return "procfs"
+	case unix.SYSFS_MAGIC:
+		return "sysfs"
+	}
+	return ""
 }
 
 func (s *session) runClient(ctx context.Context) error {
@@ -753,7 +782,9 @@ func (s *session) reasonForPeer(err error) string {
 	if s.interrupted(err) {
 		return peerInterrupted
 	}
-	return err.Error()
+	// Without softrdma.Open's "softrdma: ", as the CLI prints this side's
+	// own message: the peer prints it after its own prefix and "peer: ".
+	return strings.TrimPrefix(err.Error(), "softrdma: ")
 }
 
 // interrupted says whether err is the end of Run's own context (Ctrl-C,
@@ -892,9 +923,12 @@ func (s *session) run(ctx context.Context) error {
 			xctx, xcancel = context.WithTimeout(ctx, s.setupTimeout())
 		}
 		err := s.connect(ctx, xctx)
+		// Read before xcancel, which would make any error of the
+		// connection look like the setup limit's expiry.
+		setupExpired := xctx.Err() != nil
 		xcancel()
 		if err != nil {
-			if ctx.Err() == nil && xctx.Err() != nil {
+			if ctx.Err() == nil && setupExpired {
 				return &setupError{fmt.Sprintf("the peer at %s said hello but sent no QP data within %v (the setup time limit): "+
 					"is it stopped, or its host or the path down?", s.peerLabel(), s.setupTimeout()), err}
 			}
