@@ -21,6 +21,19 @@ func crc32VPCLMUL(crc uint32, p []byte) uint32
 //go:noescape
 func crc32VPCLMULCopy(crc uint32, dst, p []byte) uint32
 
+// crc32VPCLMUL512 is crc32VPCLMUL (the same contract) folding on 512-bit
+// registers, 256 bytes per iteration (crc32_amd64.s); below 256 bytes it is
+// crc32VPCLMUL. Requires hasVPCLMUL512.
+//
+//go:noescape
+func crc32VPCLMUL512(crc uint32, p []byte) uint32
+
+// crc32VPCLMUL512Copy is crc32VPCLMULCopy (the same contract) on 512-bit
+// registers as crc32VPCLMUL512. Requires hasVPCLMUL512.
+//
+//go:noescape
+func crc32VPCLMUL512Copy(crc uint32, dst, p []byte) uint32
+
 // cpuid executes CPUID with EAX=eaxArg and ECX=ecxArg.
 func cpuid(eaxArg, ecxArg uint32) (eax, ebx, ecx, edx uint32)
 
@@ -42,14 +55,28 @@ func detectVPCLMUL() bool {
 	return ecx7&(1<<10) != 0
 }
 
+// hasVPCLMUL512 reports whether crc32VPCLMUL512 can run: hasVPCLMUL, and
+// AVX-512F, AVX-512VL (the EVEX forms on YMM registers) and VPCLMULQDQ as
+// golang.org/x/sys/cpu reports them. x/sys/cpu sets the AVX-512 flags only
+// when CPUID leaf 1 has OSXSAVE and XGETBV shows the OS saving the SSE,
+// AVX, opmask, ZMM0-15 upper and ZMM16-31 state (XCR0 bits 1, 2, 5, 6, 7).
+// No byte or word operations are used, so AVX-512BW is not needed.
+var hasVPCLMUL512 = hasVPCLMUL && cpu.X86.HasAVX512F && cpu.X86.HasAVX512VL && cpu.X86.HasAVX512VPCLMULQDQ
+
+// crc32UseZMM selects crc32VPCLMUL512 over crc32VPCLMUL in crc32Update and
+// crc32UpdateCopy. Tests set it to run either path on one machine; it is
+// not changed while packets are processed.
+var crc32UseZMM = hasVPCLMUL512
+
 // crc32VPCLMULMin is the length from which crc32Update uses crc32VPCLMUL;
 // below it the slicing-by-8 loop of icrc.go is as fast (about even at 16
 // to 31 bytes, the asm 2x faster at 32 and more).
 const crc32VPCLMULMin = 32
 
-// crc32Update returns crc32.Update(crc, crc32.IEEETable, p): 256-bit
-// VPCLMULQDQ folding for the multiple-of-16 bulk of p where the CPU has it,
-// the slicing-by-8 tables for the last 0..15 bytes; hash/crc32 otherwise.
+// crc32Update returns crc32.Update(crc, crc32.IEEETable, p): VPCLMULQDQ
+// folding on 256-bit registers (512-bit with crc32UseZMM) for the
+// multiple-of-16 bulk of p where the CPU has it, the slicing-by-8 tables
+// for the last 0..15 bytes; hash/crc32 otherwise.
 func crc32Update(crc uint32, p []byte) uint32 {
 	if !hasVPCLMUL {
 		return crc32.Update(crc, crc32.IEEETable, p)
@@ -57,7 +84,11 @@ func crc32Update(crc uint32, p []byte) uint32 {
 	s := ^crc
 	if len(p) >= crc32VPCLMULMin {
 		n := len(p) &^ 15
-		s = crc32VPCLMUL(s, p[:n])
+		if crc32UseZMM {
+			s = crc32VPCLMUL512(s, p[:n])
+		} else {
+			s = crc32VPCLMUL(s, p[:n])
+		}
 		p = p[n:]
 	}
 	return ^crcUpdate(s, p)
@@ -65,7 +96,7 @@ func crc32Update(crc uint32, p []byte) uint32 {
 
 // crc32UpdateCopy copies p into dst (at least as long) and returns
 // crc32Update(crc, p), loading each byte once where the CPU has the
-// 256-bit fold.
+// 256-bit (or 512-bit) fold.
 func crc32UpdateCopy(crc uint32, dst, p []byte) uint32 {
 	if !hasVPCLMUL {
 		copy(dst, p)
@@ -75,7 +106,11 @@ func crc32UpdateCopy(crc uint32, dst, p []byte) uint32 {
 	s := ^crc
 	if len(p) >= crc32VPCLMULMin {
 		n := len(p) &^ 15
-		s = crc32VPCLMULCopy(s, dst[:n], p[:n])
+		if crc32UseZMM {
+			s = crc32VPCLMUL512Copy(s, dst[:n], p[:n])
+		} else {
+			s = crc32VPCLMULCopy(s, dst[:n], p[:n])
+		}
 		p, dst = p[n:], dst[n:]
 	}
 	copy(dst, p)

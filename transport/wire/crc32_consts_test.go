@@ -128,14 +128,21 @@ func reflect33(v uint64) uint64 { return bits.Reverse64(v) >> 31 }
 // Folding distances: 128 bytes per lane in the 4 x 256-bit main loop, 32
 // bytes in the 1 x 256-bit loop (and for combining the 4 accumulators), 16
 // bytes in the 128-bit loop (and for combining the two lanes of a 256-bit
-// register).
+// register). The 512-bit code (crc32VPCLMUL512) adds 256 bytes for its 4 x
+// 512-bit main loop, 192, 128 and 64 bytes for folding its first three
+// accumulators onto the fourth, 64 bytes for its 1 x 512-bit loop, and 32
+// bytes (crcK256) for folding the low half of a 512-bit register onto the
+// high half.
 func crcAsmConsts() map[string]uint64 {
 	m := map[string]uint64{}
 	fold := func(name string, d int) { // d in bytes
 		m[name+"+0"] = crcFoldConst(8*d + 64)
 		m[name+"+8"] = crcFoldConst(8 * d)
 	}
+	fold("crcK2048", 256)
+	fold("crcK1536", 192)
 	fold("crcK1024", 128)
+	fold("crcK512", 64)
 	fold("crcK256", 32)
 	fold("crcK128", 16)
 	m["crcKReduce+0"] = crcFoldConst(96)
@@ -144,6 +151,9 @@ func crcAsmConsts() map[string]uint64 {
 	m["crcBarrett+8"] = crcBarrettMu()
 	return m
 }
+
+// crcAsmConstNames lists the DATA symbols of crc32_amd64.s in file order.
+var crcAsmConstNames = []string{"crcK2048", "crcK1536", "crcK1024", "crcK512", "crcK256", "crcK128", "crcKReduce", "crcBarrett"}
 
 // TestCRC32AsmConstants checks the constants written in crc32_amd64.s
 // against crcAsmConsts. On a mismatch it prints the DATA lines to paste.
@@ -185,7 +195,7 @@ func TestCRC32AsmConstants(t *testing.T) {
 		}
 	}
 	if bad {
-		for _, k := range []string{"crcK1024", "crcK256", "crcK128", "crcKReduce", "crcBarrett"} {
+		for _, k := range crcAsmConstNames {
 			t.Logf("DATA %s<>+0(SB)/8, $%#016x", k, want[k+"+0"])
 			t.Logf("DATA %s<>+8(SB)/8, $%#016x", k, want[k+"+8"])
 		}
@@ -306,7 +316,12 @@ func crcFoldModel(s uint32, p []byte) uint32 {
 	if len(p) != 0 {
 		panic("crcFoldModel: length not a multiple of 16")
 	}
-	// Reduction.
+	return crcReduceModel(x)
+}
+
+// crcReduceModel is the reduction of the last block x to the CRC register
+// (the "reduce" label of crc32_amd64.s).
+func crcReduceModel(x block) uint32 {
 	kr := asmConst("crcKReduce")
 	lo, hi := clmul64(x[0], kr[0])
 	z1 := block{lo ^ x[1]<<32, hi ^ x[1]>>32}
@@ -316,6 +331,74 @@ func crcFoldModel(s uint32, p []byte) uint32 {
 	q, _ := clmul64(t&0xffffffff, kb[1])
 	r, _ := clmul64(q&0xffffffff, kb[0])
 	return uint32((r ^ t) >> 32)
+}
+
+// crcFoldModel512 is the algorithm of crc32VPCLMUL512 in Go, lane for
+// lane (a 512-bit register is four lanes, acc[4*i:4*i+4] the i-th
+// accumulator): s is the CRC register, len(p) a multiple of 16, at least
+// 256 (below that the assembly is crc32VPCLMUL, crcFoldModel).
+func crcFoldModel512(s uint32, p []byte) uint32 {
+	acc := make([]block, 16)
+	for i := range acc {
+		acc[i] = loadBlock(p[16*i:])
+	}
+	p = p[256:]
+	acc[0][0] ^= uint64(s)
+	k := asmConst("crcK2048")
+	for len(p) >= 256 {
+		for i := range acc {
+			acc[i] = acc[i].fold(k).xor(loadBlock(p[16*i:]))
+		}
+		p = p[256:]
+	}
+	// Accumulators 0, 1, 2 onto 3: lane j of each across 192, 128 and 64
+	// bytes onto lane j of the last.
+	z := acc[12:16]
+	for i, name := range []string{"crcK1536", "crcK1024", "crcK512"} {
+		k := asmConst(name)
+		for j := range 4 {
+			z[j] = acc[4*i+j].fold(k).xor(z[j])
+		}
+	}
+	k = asmConst("crcK512")
+	for len(p) >= 64 {
+		for j := range 4 {
+			z[j] = z[j].fold(k).xor(loadBlock(p[16*j:]))
+		}
+		p = p[64:]
+	}
+	// The low 256 bits (lanes 0, 1) onto the high (lanes 2, 3).
+	k = asmConst("crcK256")
+	y := [2]block{z[0].fold(k).xor(z[2]), z[1].fold(k).xor(z[3])}
+	if len(p) >= 32 {
+		y = [2]block{y[0].fold(k).xor(loadBlock(p)), y[1].fold(k).xor(loadBlock(p[16:]))}
+		p = p[32:]
+	}
+	k = asmConst("crcK128")
+	x := y[0].fold(k).xor(y[1])
+	if len(p) >= 16 {
+		x = x.fold(k).xor(loadBlock(p))
+		p = p[16:]
+	}
+	if len(p) != 0 {
+		panic("crcFoldModel512: length not a multiple of 16")
+	}
+	return crcReduceModel(x)
+}
+
+func TestCRC32FoldModel512(t *testing.T) {
+	r := rand.New(rand.NewPCG(8, 8))
+	buf := make([]byte, 1200)
+	for i := range buf {
+		buf[i] = byte(r.Uint32())
+	}
+	for n := 256; n <= len(buf); n += 16 {
+		crc := r.Uint32()
+		want := crc32.Update(crc, crc32.IEEETable, buf[:n])
+		if got := ^crcFoldModel512(^crc, buf[:n]); got != want {
+			t.Fatalf("n=%d: model %#08x, hash/crc32 %#08x", n, got, want)
+		}
+	}
 }
 
 func TestCRC32FoldModel(t *testing.T) {
@@ -339,7 +422,7 @@ func TestCRC32PrintConstants(t *testing.T) {
 		t.Skip("prints only with -v")
 	}
 	m := crcAsmConsts()
-	for _, k := range []string{"crcK1024", "crcK256", "crcK128", "crcKReduce", "crcBarrett"} {
+	for _, k := range crcAsmConstNames {
 		t.Log(fmt.Sprintf("DATA %s<>+0(SB)/8, $%#016x", k, m[k+"+0"]))
 		t.Log(fmt.Sprintf("DATA %s<>+8(SB)/8, $%#016x", k, m[k+"+8"]))
 	}

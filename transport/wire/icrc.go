@@ -256,8 +256,8 @@ func be16(v uint16) uint64 { return uint64(bits.ReverseBytes16(v)) }
 //
 // The constant prefix is pre-hashed and the 40 (IPv4) or 60 (IPv6) bytes of
 // masked headers are fed as 64-bit words, so nothing is copied; the rest
-// goes through crc32Update (256-bit VPCLMULQDQ folding on amd64 CPUs that
-// have it, hash/crc32 otherwise). It does not allocate.
+// goes through crc32Update (512- or 256-bit VPCLMULQDQ folding on amd64
+// CPUs that have it, hash/crc32 otherwise). It does not allocate.
 func ComputeICRC(h *IPHeader, srcPort, dstPort uint16, roce []byte) uint32 {
 	_ = roce[BTHSize-1]
 	udpLen := uint16(8 + len(roce) + ICRCSize)
@@ -377,7 +377,7 @@ func (st ICRCState) Update(p []byte) ICRCState {
 
 // Copy copies src into dst (which must be at least as long) and advances
 // the ICRC over it, as the next bytes of the packet. Where the CPU has the
-// 256-bit carry-less multiply it loads each byte once for both.
+// 256- or 512-bit carry-less multiply it loads each byte once for both.
 func (st ICRCState) Copy(dst, src []byte) ICRCState {
 	return ICRCState(^crc32UpdateCopy(^uint32(st), dst, src))
 }
