@@ -11,29 +11,22 @@ import (
 
 // TestACKsCoalescedWhilePacketsWait: IBTA 9.7.5.1.1 lets a responder
 // acknowledge several requests with one ACK. The receive loop sends the
-// ACKs it coalesced when its conn is about to wait for the network (the
-// conn's idle hook, onIdle) or after ackCoalescePackets packets; a conn
-// without the hook that tells what it buffers gets them when nothing more
-// is buffered; and without either, every batch ends with its ACK.
+// ACKs it coalesced when the conn has nothing more buffered (the next
+// Receive may block) or after ackCoalescePackets packets; until then each
+// batch of requests asking for an ACK (AckReq) adds to one owed ACK.
+// Without a conn that tells what it buffers, every batch ends with its ACK.
 func TestACKsCoalescedWhilePacketsWait(t *testing.T) {
 	const batch = 64 // conn.IdealBatchSize
-	type mode int
-	const (
-		idle     mode = iota // the conn runs onIdle before it waits
-		buffered             // the conn tells what it buffers
-		neither
-	)
 	// run hands n WRITE ONLY packets with AckReq (PSNs 1000...) to the
-	// demux in batches of 64, more waiting until the last batch, then
-	// lets the conn go idle, and returns the PSNs of the ACKs the peer
-	// got.
-	run := func(t *testing.T, n int, m mode) []wire.PSN {
+	// demux in batches of 64, with buffered reporting more waiting until
+	// the last batch, and returns the PSNs of the ACKs the peer got.
+	run := func(t *testing.T, n int, tells bool) []wire.PSN {
 		r := newResponderRig(t)
 		left := n
-		r.d.idleAcks = m == idle
-		r.d.buffered = nil
-		if m == buffered {
+		if tells {
 			r.d.buffered = func() bool { return left > 0 }
+		} else {
+			r.d.buffered = nil
 		}
 		va := uint64(r.mr.Addr())
 		sent0 := r.d.counters.SentPkts.Load()
@@ -47,9 +40,6 @@ func TestACKsCoalescedWhilePacketsWait(t *testing.T) {
 			left -= k
 			r.d.endBatch(k)
 		}
-		if m == idle {
-			r.d.onIdle()
-		}
 		var acks []wire.PSN
 		for range r.d.counters.SentPkts.Load() - sent0 {
 			op, syn, psn := r.answer()
@@ -59,15 +49,13 @@ func TestACKsCoalescedWhilePacketsWait(t *testing.T) {
 		}
 		return acks
 	}
-	require.Equal(t, 256, int(ackCoalescePackets))
-	// 600 packets: ACKs after 256 (4 batches), 512 (8), and at the end.
-	t.Run("idle hook", func(t *testing.T) {
-		require.Equal(t, []wire.PSN{1255, 1511, 1599}, run(t, 600, idle))
-	})
 	t.Run("buffered", func(t *testing.T) {
-		require.Equal(t, []wire.PSN{1255, 1511, 1599}, run(t, 600, buffered))
+		// 600 packets: ACKs after 256 (4 batches), 512 (8), and the last
+		// batch, when nothing is buffered any more.
+		require.Equal(t, int(ackCoalescePackets), 256)
+		require.Equal(t, []wire.PSN{1255, 1511, 1599}, run(t, 600, true))
 	})
-	t.Run("neither", func(t *testing.T) {
-		require.Equal(t, []wire.PSN{1063, 1127, 1191, 1199}, run(t, 200, neither))
+	t.Run("conn cannot tell", func(t *testing.T) {
+		require.Equal(t, []wire.PSN{1063, 1127, 1191, 1199}, run(t, 200, false))
 	})
 }

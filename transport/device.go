@@ -152,13 +152,6 @@ type Device struct {
 	// ackCoalescePackets packets. Receive loop only.
 	buffered func() bool
 	ackHeld  int
-	// idleAcks: the conn runs onIdle when a Receive is about to wait
-	// (conn.UDPConn.SetIdleHook), and the ACKs go then rather than at the
-	// end of a batch that drained what was read. The receive loop sets the
-	// hook (idleHook, if the conn has one) when its first packets arrive,
-	// so that the hook only ever runs on its goroutine. Receive loop only.
-	idleAcks bool
-	idleHook interface{ SetIdleHook(func()) }
 	// events is the asynchronous event queue (async.go).
 	events eventQueue
 }
@@ -192,7 +185,6 @@ func NewDevice(cfg Config) (*Device, error) {
 	if b, ok := cfg.Conn.(interface{ Buffered() bool }); ok {
 		d.buffered = b.Buffered
 	}
-	d.idleHook, _ = cfg.Conn.(interface{ SetIdleHook(func()) })
 	d.rxTx.init(d)
 	d.workerTx.init(d)
 	d.wg.Add(2)
@@ -573,10 +565,6 @@ func (d *Device) rxLoop() {
 			}
 			continue
 		}
-		if n > 0 && !d.idleAcks && d.idleHook != nil {
-			d.idleHook.SetIdleHook(d.onIdle)
-			d.idleAcks = true
-		}
 		if d.susp.replay.Swap(false) {
 			// A suspension ended: the packets it held go first.
 			d.replayHeld(&p)
@@ -605,23 +593,15 @@ func (d *Device) rxLoop() {
 }
 
 // endBatch ends a receive batch of n packets: the reader quiesces, the
-// coalesced ACKs go if ackCoalescePackets packets were handled since they
-// last went or, on a conn without the idle hook (onIdle), if nothing more
-// is buffered in it; and what the batch owes is sent.
+// coalesced ACKs go if nothing more is buffered in the conn or
+// ackCoalescePackets packets were handled since they last went, and what
+// the batch owes is sent.
 func (d *Device) endBatch(n int) {
 	d.reader.Quiesce()
 	d.ackHeld += n
-	if d.ackHeld >= ackCoalescePackets || !d.idleAcks && (d.buffered == nil || !d.buffered()) {
+	if d.ackHeld >= ackCoalescePackets || d.buffered == nil || !d.buffered() {
 		d.flushAcks()
 	}
-	d.rxTx.flush()
-}
-
-// onIdle is the conn's idle hook: a Receive of the receive loop found the
-// socket empty and is about to wait, so the coalesced ACKs go now. It runs
-// on the receive loop's goroutine, inside Receive.
-func (d *Device) onIdle() {
-	d.flushAcks()
 	d.rxTx.flush()
 }
 
@@ -632,10 +612,9 @@ func (d *Device) onIdle() {
 // requests with one ACK. A receive batch is 64 packets (conn.
 // IdealBatchSize), and an ACK per batch cost a write-bw at 64 KiB over
 // loopback an ACK per 4 messages, each a wake-up of the requester's
-// receive loop (docs/performance.md, "Session 12"). The ACKs go at once
-// when the socket is empty (the conn's idle hook, onIdle, just before
-// Receive waits; on a conn without it, when nothing more is buffered), so
-// a lone request is acknowledged as fast as before.
+// receive loop (docs/performance.md, "Session 12"). When nothing more is
+// buffered the ACKs go at once, before the next Receive may block, so a
+// lone request is acknowledged as fast as before.
 const ackCoalescePackets = MaxUnackedPSNs / 4
 
 // warnDrop logs a dropped packet that a peer should not have sent (the

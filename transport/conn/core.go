@@ -114,7 +114,6 @@ type core struct {
 	rxSegIdx  int        // its index
 	rxReady   []item     // impaired packets ready for delivery, guarded by rxMu
 	rxHead    int        // next in rxReady
-	idleHook  func()     // SetIdleHook; run by Receive before it waits
 	rxOwned   []*pbuf    // conn-owned buffers handed out by the last Receive
 
 	// woken is set by Wake and cleared by the Receive that returns for it;
@@ -437,14 +436,6 @@ func (c *core) shutdown() {
 	c.releaseOwned()
 	c.rxMu.Unlock()
 }
-
-// SetIdleHook sets f (nil: none) to run inside Receive each time it finds
-// nothing to read and is about to wait for the network: on the receiving
-// goroutine, with the receive side's lock held, so f must not call
-// Receive. Send may be called. A device's receive loop sends its
-// coalesced ACKs there: only once the socket is empty, not after every
-// batch. Set it before the first Receive.
-func (c *core) SetIdleHook(f func()) { c.idleHook = f }
 
 // Buffered reports whether packets already read from the network wait
 // for the next Receive, which then returns without a system call (the

@@ -151,9 +151,6 @@ func (p *PipeConn) Receive(pkts []Packet) (int, error) {
 			return 0, nil
 		}
 		p.beforeRead()
-		if p.idleHook != nil && len(p.q) == 0 {
-			p.idleHook()
-		}
 		var wake <-chan time.Time
 		if next, ok := p.rx.next(); ok {
 			if p.timer == nil {

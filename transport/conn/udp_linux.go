@@ -936,9 +936,6 @@ func (c *UDPConn) recvmmsg(fd uintptr) bool {
 		case unix.EINTR:
 			continue
 		case unix.EAGAIN:
-			if c.idleHook != nil {
-				c.idleHook()
-			}
 			return false // wait until readable
 		case 0:
 			c.rN, c.rErr = int(n), 0
