@@ -73,6 +73,11 @@ type core struct {
 	// emit sends items in order (computing their ICRCs with finishTx) and
 	// returns the first error. Called with txMu held.
 	emit func(items []item) error
+	// idTabs are the ICRC ID tables of the last two packet lengths moved
+	// to another IPv4 ID (a message's MIDDLE/LAST length and one more),
+	// idVictim the one to refill next. Guarded by txMu.
+	idTabs   [2]wire.ICRCIDTable
+	idVictim int
 	// checkDst validates and normalizes a destination.
 	checkDst func(netip.AddrPort) (netip.AddrPort, bool)
 
@@ -340,7 +345,7 @@ func (c *core) finishTx(it *item, id uint16) {
 	case c.noICRC:
 	case it.icrc:
 		if it.icrcID != id {
-			wire.SetICRCID(it.buf, it.icrcID, id)
+			c.idTable(len(it.buf)).SetID(it.buf, it.icrcID, id)
 			it.icrcID = id
 		}
 	default:
@@ -356,6 +361,20 @@ func (c *core) finishTx(it *item, id uint16) {
 		t.t.Packet(DirTx, src, it.addr, id, it.buf)
 		it.tapped = true
 	}
+}
+
+// idTable returns the ICRC ID table of packets of n bytes, filling one
+// of the two cached tables if neither is n's. Called with txMu held.
+func (c *core) idTable(n int) *wire.ICRCIDTable {
+	for i := range c.idTabs {
+		if c.idTabs[i].Len() == n {
+			return &c.idTabs[i]
+		}
+	}
+	t := &c.idTabs[c.idVictim]
+	c.idVictim ^= 1
+	t.Fill(n)
+	return t
 }
 
 // armTimer makes sure the timer goroutine runs when packets are waiting in

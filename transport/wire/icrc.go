@@ -454,6 +454,47 @@ func ICRCWithID(icrc uint32, pktLen int, oldID, newID uint16) uint32 {
 	return icrc ^ gfMul(idReg(oldID^newID), idShiftFwd(pktLen))
 }
 
+// ICRCIDTable holds, for one packet length, the ICRC changes of the IPv4
+// ID changes 0..63: ICRCWithID's product for the segment positions of a UDP
+// GSO batch (at most 64 segments), so that a sender moving a packet to
+// segment i pays a load and an XOR instead of a 32-step GF(2) product. The
+// zero value is empty; Fill makes it the table of a length.
+type ICRCIDTable struct {
+	pktLen int // the UDP payload length, ICRC included; 0: empty
+	t      [64]uint32
+}
+
+// Fill makes t the table of packets whose UDP payload, ICRC included, is
+// pktLen bytes. The product is linear in the ID change, so six products
+// (changes 1, 2, 4, ... 32) give the 64 entries.
+func (t *ICRCIDTable) Fill(pktLen int) {
+	t.pktLen = pktLen
+	sh := idShiftFwd(pktLen)
+	t.t[0] = 0
+	for b := 1; b < 64; b <<= 1 {
+		t.t[b] = gfMul(idReg(uint16(b)), sh)
+		for i := b + 1; i < 2*b; i++ {
+			t.t[i] = t.t[b] ^ t.t[i-b]
+		}
+	}
+}
+
+// Len returns the packet length t was filled for (0: empty).
+func (t *ICRCIDTable) Len() int { return t.pktLen }
+
+// SetID rewrites the ICRC trailer of pkt, computed for IPv4 ID oldID, for
+// IPv4 ID newID, as SetICRCID does; pkt must be t.Len() bytes and oldID ^
+// newID less than 64, else it falls back to SetICRCID.
+func (t *ICRCIDTable) SetID(pkt []byte, oldID, newID uint16) {
+	d := oldID ^ newID
+	if len(pkt) != t.pktLen || d >= 64 {
+		SetICRCID(pkt, oldID, newID)
+		return
+	}
+	tr := pkt[len(pkt)-ICRCSize:]
+	binary.LittleEndian.PutUint32(tr, binary.LittleEndian.Uint32(tr)^t.t[d])
+}
+
 // SetICRCID rewrites the ICRC trailer of pkt, computed for IPv4 ID oldID,
 // for IPv4 ID newID (see ICRCWithID).
 func SetICRCID(pkt []byte, oldID, newID uint16) {

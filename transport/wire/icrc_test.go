@@ -198,6 +198,35 @@ func TestICRCWithID(t *testing.T) {
 	}
 }
 
+// ICRCIDTable.SetID gives the ICRC of the packet sent with the new IPv4
+// ID, computed from scratch, for every ID change of a GSO batch (0..63)
+// and falls back to SetICRCID for larger changes and other lengths.
+func TestICRCIDTable(t *testing.T) {
+	r := rand.New(rand.NewPCG(13, 14))
+	var tab wire.ICRCIDTable
+	require.Zero(t, tab.Len())
+	for _, n := range []int{0, 1, 1024, 4096, 9000, 12000} {
+		pkt := buildPacket(wire.OpRDMAWriteMiddle, n, r)
+		tab.Fill(len(pkt))
+		require.Equal(t, len(pkt), tab.Len())
+		h := &wire.IPHeader{Src: vm0, Dst: vm1, DF: true}
+		for _, ids := range [][2]uint16{{0, 0}, {0, 1}, {0, 15}, {0, 63}, {5, 9}, {63, 0}, {0, 64}, {0, 0xffff}, {0x1234, 0x1200}} {
+			h.ID = ids[0]
+			wire.PutICRC(h, 49441, wire.RoCEv2Port, pkt)
+			tab.SetID(pkt, ids[0], ids[1])
+			h.ID = ids[1]
+			require.Equal(t, wire.ComputeICRC(h, 49441, wire.RoCEv2Port, pkt[:len(pkt)-4]), wire.PacketICRC(pkt), "n=%d ids=%v", n, ids)
+		}
+		// A packet of another length: the table does not apply.
+		other := buildPacket(wire.OpRDMAWriteMiddle, n+4, r)
+		h.ID = 0
+		wire.PutICRC(h, 49441, wire.RoCEv2Port, other)
+		tab.SetID(other, 0, 3)
+		h.ID = 3
+		require.True(t, wire.VerifyICRCExact(h, 49441, wire.RoCEv2Port, other))
+	}
+}
+
 // An ICRC built piecewise with ICRCState (the headers, then the rest of the
 // packet in chunks, some copied) is ComputeICRC's, and Copy copies.
 func TestICRCStateMatchesComputeICRC(t *testing.T) {
