@@ -48,7 +48,7 @@ type toolCmd struct {
 	QPs         count    `short:"q" name:"qp" help:"Number of QPs. Default: 1."`
 	Port        int      `short:"p" name:"port" default:"18515" help:"TCP port of the exchange with the peer (with -R: the rdma_cm port)."`
 	RDMACM      bool     `short:"R" name:"rdma_cm" aliases:"rdma-cm" help:"Connect with the RDMA CM, as perftest's -R: the exchange over an RC connection to the server's rdma_cm port -p, the QPs connected by the CM."`
-	RoCEPort    int      `name:"roce-port" placeholder:"PORT" help:"Client with -R: the UDP port of the server's RoCEv2 device, where the CM sends its MADs (default 4791)."`
+	RoCEPort    *int     `name:"roce-port" placeholder:"PORT" help:"Client with -R: the UDP port of the server's RoCEv2 device, where the CM sends its MADs (default 4791)."`
 	QPTimeout   count    `short:"u" name:"qp-timeout" default:"14" help:"QP timeout exponent (1-31): retransmit after 4.096 µs × 2^N without an ACK (perftest -u)."`
 	Inline      int      `short:"I" name:"inline_size" aliases:"inline-size" default:"-1" help:"Max inline data in bytes. Default: 220 (write-lat), 236 (send-lat), else 0."`
 	Atomic      string   `short:"A" name:"atomic_type" aliases:"atomic-type" enum:"FETCH_AND_ADD,CMP_AND_SWAP" default:"FETCH_AND_ADD" help:"atomic-bw: FETCH_AND_ADD or CMP_AND_SWAP."`
@@ -189,12 +189,12 @@ func (c *toolCmd) options(test perf.Test) (*perf.Options, error) {
 	switch {
 	case c.Perftest && (c.File != "" || c.Out != ""):
 		return nil, fmt.Errorf("--file and --out need a softrdma peer: --perftest's exchange cannot carry them")
-	case c.RoCEPort != 0 && !c.RDMACM:
+	case c.RoCEPort != nil && !c.RDMACM:
 		return nil, fmt.Errorf("--roce-port is the server's device's port for the RDMA CM: it needs -R")
-	case c.RoCEPort != 0 && c.Server == "":
+	case c.RoCEPort != nil && c.Server == "":
 		return nil, fmt.Errorf("--roce-port is the client's (where it reaches the server's device); the server's own is --bind")
-	case c.RoCEPort < 0 || c.RoCEPort > 65535:
-		return nil, fmt.Errorf("--roce-port %d: not a UDP port", c.RoCEPort)
+	case c.RoCEPort != nil && (*c.RoCEPort < 1 || *c.RoCEPort > 65535):
+		return nil, fmt.Errorf("--roce-port %d: not a UDP port (1 to 65535; default 4791)", *c.RoCEPort)
 	case c.RDMACM && (c.Port < 0 || c.Port > 65535):
 		return nil, fmt.Errorf("-p %d: not an rdma_cm port", c.Port)
 	}
@@ -227,7 +227,7 @@ func (c *toolCmd) options(test perf.Test) (*perf.Options, error) {
 	return &perf.Options{
 		Test: test, Params: p, Server: c.Server, Port: c.Port, Bind: c.Bind, File: c.File, Out: c.Out,
 		Pcap: c.Pcap, Impair: c.Impair, SourcePort: int(c.SourcePort), JSON: c.JSON, ReportGbits: c.ReportGbits, ODP: odp,
-		Perftest: c.Perftest, ConnectTimeout: c.ConnectTimeout, Stat: c.Stat, RDMACM: c.RDMACM, RoCEPort: c.RoCEPort,
+		Perftest: c.Perftest, ConnectTimeout: c.ConnectTimeout, Stat: c.Stat, RDMACM: c.RDMACM, RoCEPort: portOr0(c.RoCEPort),
 		MaxMem: int64(c.MaxMem), IdleTimeout: c.IdleTimeout,
 	}, nil
 }
@@ -403,3 +403,13 @@ func (c *count) Decode(ctx *kong.DecodeContext) error { return decodeText(ctx, "
 
 // Decode implements kong.MapperValue.
 func (d *seconds) Decode(ctx *kong.DecodeContext) error { return decodeText(ctx, "duration", d) }
+
+// portOr0 returns the port a --roce-port flag gave, or 0 (the default,
+// 4791) when it was not given. The flag is a pointer so that an explicit
+// --roce-port 0 is refused rather than taken for the default.
+func portOr0(p *int) int {
+	if p == nil {
+		return 0
+	}
+	return *p
+}

@@ -15,6 +15,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
+
+	"github.com/softrdma/softrdma/cmd/softrdma/internal/perf"
 )
 
 // TestRPingSizeZeroRefused: rping -S 0 is refused in rping's words
@@ -110,4 +112,26 @@ func TestPingpongPortZeroRefused(t *testing.T) {
 		assert.Equal(t, exitUsage, code, "%v: %s", args, e.String())
 		assert.Equal(t, "softrdma: "+tool+": -p 0: not a TCP port (1 to 65535; default 18515)\n", e.String(), args)
 	}
+}
+
+// TestRoCEPortZeroRefused: an explicit --roce-port 0 is a usage error, as
+// -p 0 is, not the default 4791 taken silently (new-user pass 12); without
+// the flag the port is the default.
+func TestRoCEPortZeroRefused(t *testing.T) {
+	c, _, err := parse(t, "write-bw", "-R", "--roce-port", "0", "10.0.0.1")
+	require.NoError(t, err)
+	_, err = c.tool(perf.WriteBW).options(perf.WriteBW)
+	require.EqualError(t, err, "--roce-port 0: not a UDP port (1 to 65535; default 4791)")
+	c, _, err = parse(t, "write-bw", "-R", "10.0.0.1")
+	require.NoError(t, err)
+	o, err := c.tool(perf.WriteBW).options(perf.WriteBW)
+	require.NoError(t, err)
+	assert.Zero(t, o.RoCEPort, "the default (4791) is the engine's")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	var o2, e bytes.Buffer
+	code := run(ctx, []string{"rping", "-c", "-a", "127.0.0.1", "--roce-port", "0"}, &o2, &e)
+	assert.Equal(t, exitUsage, code, e.String())
+	assert.Equal(t, "softrdma: rping: --roce-port 0: not a UDP port (1 to 65535; default 4791)\n", e.String())
 }

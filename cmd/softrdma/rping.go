@@ -28,7 +28,7 @@ type rpingCmd struct {
 	Persist  bool   `short:"P" help:"Persistent server (not supported: one connection per run)."`
 
 	Bind     string        `placeholder:"IP[:PORT]" help:"RoCEv2 address of this side's device. Default: -a on the server, -I or the address routed to the server on the client; UDP port 4791."`
-	RoCEPort int           `name:"roce-port" placeholder:"PORT" help:"UDP port of the server's device (client; default 4791)."`
+	RoCEPort *int          `name:"roce-port" placeholder:"PORT" help:"UDP port of the server's device (client; default 4791)."`
 	Pcap     string        `placeholder:"FILE" help:"Record every datagram sent and received in a pcap file."`
 	Stat     bool          `help:"Print the device's non-zero counters at the end."`
 	Timeout  time.Duration `placeholder:"DURATION" help:"Give up connecting after this long (default: the CM's 15 retries of 4.3 s)."`
@@ -50,6 +50,10 @@ func (c *rpingCmd) run(ctx context.Context, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "softrdma: rping: -p 0: not a port (1 to 65535; default 7174)")
 		return exitUsage
 	}
+	if c.RoCEPort != nil && (*c.RoCEPort < 1 || *c.RoCEPort > 65535) {
+		fmt.Fprintf(stderr, "softrdma: rping: --roce-port %d: not a UDP port (1 to 65535; default 4791)\n", *c.RoCEPort)
+		return exitUsage
+	}
 	if err := cmp.Or(checkTimeout("--timeout", c.Timeout), checkTimeout("--connect-timeout", c.ConnectTimeout),
 		checkIdleTimeout("--idle-timeout", c.IdleTimeout), checkPcap(c.Pcap)); err != nil {
 		fmt.Fprintf(stderr, "softrdma: rping: %v\n", err)
@@ -57,7 +61,7 @@ func (c *rpingCmd) run(ctx context.Context, stdout, stderr io.Writer) int {
 	}
 	err := rping.Run(ctx, rping.Options{Server: c.Server, Client: c.Client, Addr: c.Addr, Source: c.Source,
 		Port: c.Port, Count: c.Count, Size: c.Size, Verbose: c.Verbose, Validate: c.Validate, Debug: c.Debug,
-		Bind: c.Bind, RoCEPort: c.RoCEPort, Pcap: c.Pcap, Stat: c.Stat, Timeout: c.Timeout, ConnectTimeout: c.ConnectTimeout, IdleTimeout: c.IdleTimeout,
+		Bind: c.Bind, RoCEPort: portOr0(c.RoCEPort), Pcap: c.Pcap, Stat: c.Stat, Timeout: c.Timeout, ConnectTimeout: c.ConnectTimeout, IdleTimeout: c.IdleTimeout,
 		Stdout: stdout, Stderr: stderr})
 	var ue *rping.UsageError
 	switch {
