@@ -125,7 +125,9 @@ type Conn interface {
 	Send(pkts []Packet) error
 
 	// Receive blocks until at least one packet has arrived, fills
-	// pkts[:n] and returns n. Each Buf aliases the conn's buffers and is
+	// pkts[:n] and returns n. It returns 0 packets and no error after a
+	// Wake, and when the packets it held from an earlier read (Buffered)
+	// were all dropped on delivery. Each Buf aliases the conn's buffers and is
 	// valid until the next call to Receive. ICRCs have been checked;
 	// packets that fail are dropped and counted in Stats().BadICRC. After
 	// Close, Receive returns an error that wraps net.ErrClosed.

@@ -460,12 +460,18 @@ func (c *core) shutdown() {
 // for the next Receive, which then returns without a system call (the
 // rest of a recvmmsg batch, the segments of a GRO super-buffer, released
 // impaired packets). A receive loop that coalesces acknowledgements sends
-// them when nothing is buffered, as the next Receive may block.
+// them when nothing is buffered, as the next Receive may block. When
+// Buffered was true the next Receive does not block: if every packet it
+// held is dropped on delivery (a bad ICRC, the receive impairment), it
+// returns 0 packets and no error.
 func (c *core) Buffered() bool {
 	c.rxMu.Lock()
 	defer c.rxMu.Unlock()
-	return c.rxHead < len(c.rxReady) || c.rxRawHead < len(c.rxRaw)
+	return c.buffered()
 }
+
+// buffered is Buffered with rxMu held.
+func (c *core) buffered() bool { return c.rxHead < len(c.rxReady) || c.rxRawHead < len(c.rxRaw) }
 
 // beginReceive starts a Receive call: the previous call's buffers go back
 // to the pool. Called with rxMu held.

@@ -848,9 +848,13 @@ func (c *UDPConn) Receive(pkts []Packet) (int, error) {
 	c.rxMu.Lock()
 	defer c.rxMu.Unlock()
 	c.beginReceive()
+	held := c.buffered()
 	for {
 		if n := c.deliver(pkts); n > 0 {
 			return n, nil
+		}
+		if held {
+			return 0, nil // what Buffered promised was all dropped (see Conn.Receive)
 		}
 		if c.woken.Swap(false) {
 			c.pc.SetReadDeadline(time.Time{})
