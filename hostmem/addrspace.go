@@ -83,9 +83,8 @@ type Frame uint32
 type Page struct {
 	Frame Frame
 	// NIC is the frame's address in the NIC's view (FramePointer), which
-	// stays mapped until Close: where pinned tables and migrations copy.
-	// ODP tables copy through the application's view instead
-	// (AppPointer), which follows the page map.
+	// stays mapped until Close: where pinned tables, ODP tables and
+	// migrations copy.
 	NIC unsafe.Pointer
 	// Writable: the application may write the page, so the NIC may too.
 	Writable bool
@@ -94,7 +93,7 @@ type Page struct {
 // Access says what Resolve is asked for. Without ResolvePopulate or
 // ResolveNoFault, Resolve makes no system call: a page whose memory does
 // not exist yet is populated by the kernel's page fault at the caller's
-// first access through the application's view.
+// first access (through the NIC's view, Page.NIC, for an ODP table).
 type Access uint8
 
 const (
@@ -105,9 +104,10 @@ const (
 	// a page the host does not hold (ibv_advise_mr's PREFETCH_NO_FAULT).
 	ResolveNoFault
 	// ResolvePopulate: populate now the pages not known to be held, with
-	// one MADV_POPULATE_WRITE (_READ for a read-only page) per run on the
-	// application's view, so that the caller's first access takes no page
-	// fault. For work off the data path: prefetch, background faults.
+	// one MADV_POPULATE_WRITE (_READ for a read-only page) per run of
+	// frames on the NIC's view, so that the caller's first access through
+	// it takes no page fault. For work off the data path: prefetch,
+	// background faults.
 	ResolvePopulate
 )
 
@@ -124,13 +124,13 @@ const (
 //     (the physical address of this world). Pinned tables (Pin) and
 //     migrations use it.
 //
-// On-demand (ODP) tables copy through the application's view instead, as
-// a NIC with ATS/PRI or an SVA device walks the process's page tables: a
-// page the application holds is then reached with no system call and no
-// page fault. They may, because every change to the application's view
-// (Free, Migrate, Protect to read-only) invalidates first and waits for
-// the copies in flight, so no copy meets an address being unmapped,
-// remapped or write-protected.
+// On-demand (ODP) tables use it too, through the frames their faults
+// resolved, as an ODP NIC's DMA reaches the physical pages its MTT names:
+// the NIC's traffic never populates the application's page tables. They
+// may, because every change to the application's mapping (Free, Migrate,
+// Protect to read-only) invalidates first and waits for the copies in
+// flight, so no copy writes a frame being freed or replaced, or a page
+// being write-protected.
 //
 // There is one AddressSpace per application process (per mm), not per
 // device: any number of devices register memory regions on it and
@@ -154,7 +154,6 @@ const (
 type AddressSpace struct {
 	appBase unsafe.Pointer // reservation: the application's view
 	nicBase unsafe.Pointer // NIC mapping of the whole memfd
-	scratch unsafe.Pointer // scratchPages of address space for Migration.WarmView
 	base    uint64         // uint64(uintptr(appBase))
 	size    uintptr        // bytes in each view
 	npages  uintptr        // pages in each view (= frames in the pool)
@@ -243,17 +242,9 @@ func NewAddressSpace(cfg Config) (*AddressSpace, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("hostmem: map the NIC view (%d bytes): %w", n, err)
 	}
-	scratch, err := unix.MmapPtr(-1, 0, nil, scratchPages<<PageShift, unix.PROT_NONE, reserveFlags)
-	if err != nil {
-		_ = unix.MunmapPtr(nic, n)
-		_ = unix.MunmapPtr(app, n)
-		unix.Close(fd)
-		return nil, fmt.Errorf("hostmem: reserve the scratch view: %w", err)
-	}
 	s := &AddressSpace{
 		appBase: app,
 		nicBase: nic,
-		scratch: scratch,
 		base:    uint64(uintptr(app)),
 		size:    n,
 		npages:  n >> PageShift,
@@ -272,10 +263,6 @@ func NewAddressSpace(cfg Config) (*AddressSpace, error) {
 	s.subs.ended.L = &s.subs.Mutex
 	return s, nil
 }
-
-// scratchPages is the size of the scratch view (1024 pages, 4 MiB of
-// address space, never touched) onto which Migration.WarmView maps frames.
-const scratchPages = 1024
 
 // reserveFlags map the PROT_NONE reservation, and map it back over freed
 // pages: the same flags let the kernel merge the pieces into one VMA again.
@@ -304,7 +291,7 @@ func (s *AddressSpace) Close() error {
 	s.frames.drainPool(s)
 	s.closed.Store(true)
 	err := errors.Join(unix.MunmapPtr(s.appBase, s.size), unix.MunmapPtr(s.nicBase, s.size),
-		unix.MunmapPtr(s.scratch, scratchPages<<PageShift), unix.Close(s.fd))
+		unix.Close(s.fd))
 	if err != nil {
 		return fmt.Errorf("hostmem: close address space: %w", err)
 	}
@@ -333,9 +320,7 @@ func (s *AddressSpace) FrameBytes(f Frame) []byte {
 
 // AppPointer returns the application's view of addr, which must lie inside
 // Bounds: addr itself, as a pointer. What it points at follows the page
-// map (Alloc, Free, Migrate); an ODP table copies through it only while
-// its entries are present, which the notifier protocol ties to the
-// mapping.
+// map (Alloc, Free, Migrate).
 func (s *AddressSpace) AppPointer(addr uint64) unsafe.Pointer {
 	if addr < s.base || addr-s.base >= uint64(s.size) {
 		panic("hostmem: address outside the address space")
@@ -636,10 +621,9 @@ func (s *AddressSpace) Mapped(addr uint64, write bool) bool {
 // Resolve is the fault handler's look-up: the frame that currently backs
 // the application page holding addr, its NIC address and whether it is
 // writable. By default it makes no system call: the caller copies through
-// the application's view (AppPointer), where the kernel's page fault
-// populates a page nobody has touched yet, and a page the application
-// touched is already there. With ResolvePopulate it populates a page not
-// known to be held (MADV_POPULATE_WRITE on the application's view); with
+// the NIC's view (Page.NIC), where the kernel's page fault populates a
+// page nobody has touched yet. With ResolvePopulate it populates a page
+// not known to be held (MADV_POPULATE_WRITE on the NIC's view); with
 // ResolveNoFault a page the host does not hold is ErrNotResident (known
 // held, else checked with mincore). ResolveWrite on a read-only page is
 // ErrReadOnly (the Page is filled in). An address not mapped is
@@ -800,7 +784,7 @@ func (s *AddressSpace) settle(p uintptr, vals []uint64, acc Access) (int, error)
 		if acc&ResolveNoFault != 0 {
 			n, err = s.resident(p+uintptr(i), vals[i:j])
 		} else {
-			err = s.populateApp(p+uintptr(i), vals[i:j])
+			err = s.populateFrames(vals[i:j])
 		}
 		mark(i, i+n)
 		if err != nil {
@@ -811,26 +795,35 @@ func (s *AddressSpace) settle(p uintptr, vals []uint64, acc Access) (int, error)
 	return len(vals), nil
 }
 
-// populateApp populates len(vals) pages from page p through the
-// application's view, so that the NIC's copies through it take no page
-// fault: MADV_POPULATE_WRITE, or _READ for read-only pages (a read fault
-// of a shared memfd page allocates it too). On a kernel without them the
-// frames are touched through the NIC view, which, unlike the application's,
-// cannot be unmapped under the touch.
-func (s *AddressSpace) populateApp(p uintptr, vals []uint64) error {
-	n := uintptr(len(vals))
+// populateFrames populates the frames of the page-map entries vals (one
+// protection) through the NIC's view, where ODP tables copy, so that their
+// copies take no page fault: MADV_POPULATE_WRITE, or _READ for read-only
+// pages (a read fault of a shared memfd page allocates it too), one call
+// per run of consecutive frames. On a kernel without them the frames are
+// touched. The NIC view stays mapped until Close; a population that races
+// a Free of the page may give memory back to a freed frame, which keeps it
+// until the frame is used again or the pool punches it.
+func (s *AddressSpace) populateFrames(vals []uint64) error {
 	write := vals[0]&pteReadOnly == 0
-	s.stats.syscalls.Add(1)
-	ok, err := madvisePopulate(uintptr(s.appPtr(p)), n, write)
-	if err != nil {
-		return err
-	}
-	if !ok {
-		for _, v := range vals {
-			touch(s.FrameBytes(Frame(v&pteFrame-1)), true)
+	for i := 0; i < len(vals); {
+		j := i + 1
+		for j < len(vals) && vals[j]&pteFrame == vals[j-1]&pteFrame+1 {
+			j++
 		}
+		s.stats.syscalls.Add(1)
+		f := Frame(vals[i]&pteFrame - 1)
+		ok, err := madvisePopulate(uintptr(s.FramePointer(f)), uintptr(j-i), write)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			for _, v := range vals[i:j] {
+				touch(s.FrameBytes(Frame(v&pteFrame-1)), true)
+			}
+		}
+		i = j
 	}
-	s.stats.populated.Add(int64(n))
+	s.stats.populated.Add(int64(len(vals)))
 	return nil
 }
 

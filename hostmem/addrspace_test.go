@@ -183,13 +183,15 @@ func TestResolve(t *testing.T) {
 	require.ErrorIs(t, err, ErrNotResident)
 	require.Equal(t, sc+1, syscalls())
 
-	// ResolvePopulate populates it through the application's view, once.
+	// ResolvePopulate populates it through the NIC's view (where ODP
+	// tables copy), once; the application's page tables stay untouched.
 	before := s.Stats().Populated
 	pg, err := s.Resolve(addr+5, ResolvePopulate|ResolveWrite)
 	require.NoError(t, err)
 	require.Equal(t, before+1, s.Stats().Populated)
 	require.Equal(t, []byte{1}, mincore(t, s.FrameBytes(pg.Frame)))
-	require.True(t, appMapped(t, addr), "populated through the application's view")
+	require.True(t, appMapped(t, uint64(uintptr(pg.NIC))), "populated through the NIC's view")
+	require.False(t, appMapped(t, addr), "the application's view is left alone")
 	sc = syscalls()
 	_, err = s.Resolve(addr, ResolvePopulate|ResolveWrite)
 	require.NoError(t, err)

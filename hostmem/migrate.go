@@ -4,9 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"unsafe"
-
-	"golang.org/x/sys/unix"
 )
 
 // Migration moves application pages to new frames: the page migration of
@@ -64,14 +61,10 @@ type Migration struct {
 	// copies the pages never copied, since a new frame from the pool holds
 	// another page's old bytes.
 	copied []uint64
-	// subscribed: Commit's invalidation reached a subscriber (an ODP
-	// table, which copies through the application's view); viewDone: the
-	// application's view of the new frames was populated.
-	subscribed, viewDone bool
+	// viewDone: the application's view of the new frames was populated.
+	viewDone bool
 	// inv is the invalidation CommitCopy left open for SwitchView.
 	inv *invalidation
-	// vec is WarmView's mincore vector.
-	vec []byte
 }
 
 type migrationState uint8
@@ -308,57 +301,15 @@ func (m *Migration) SwitchView() error {
 	return nil
 }
 
-// WarmView runs, before the critical section, the kernel work that Commit's
-// view switch will run, so that Commit finds it in the caches or does not
-// have it to do: one mmap MAP_FIXED of the memfd onto the scratch view, of
-// the shape of the switch's first run (its length, at most 1024 pages, 4
-// MiB; the first new frame's offset), a mincore(2) of the application's
-// view of the range (which walks its VMAs and page tables), and an
-// madvise(MADV_DONTNEED) of that view, which drops its page-table entries
-// (the pages stay in the memfd, with their bytes; the next access to each
-// takes a minor fault, as it would after the switch). Nothing is mapped
-// into the application's view and no byte changes.
-//
-// Why: an mmap MAP_FIXED of 1 MiB costs 5-9 µs when the kernel ran one just
-// before, and 75-81 µs once the CPU has done other work for 10 ms (this
-// VM; docs/scopes.md, "Warming the view switch"). A remap's switch is the
-// latter. Best effort, safe to skip; it costs about one cold mmap, outside
-// the pause. Only for a prepared migration (else it does nothing).
-func (m *Migration) WarmView() {
-	if m.state != migrationPrepared || len(m.New) == 0 {
-		return
-	}
-	s := m.as
-	if s.lockOpen() != nil {
-		return
-	}
-	defer s.mu.Unlock()
-	k := 1
-	for k < len(m.New) && k < scratchPages && m.New[k] == m.New[k-1]+1 {
-		k++
-	}
-	_, _ = unix.MmapPtr(s.fd, int64(m.New[0])<<PageShift, s.scratch, uintptr(k)<<PageShift,
-		unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_FIXED)
-	if cap(m.vec) < len(m.New) {
-		m.vec = make([]byte, len(m.New))
-	}
-	_, _, _ = unix.Syscall(unix.SYS_MINCORE, uintptr(s.appPtr(m.p)), uintptr(len(m.New))<<PageShift,
-		uintptr(unsafe.Pointer(&m.vec[0])))
-	// Drop the view's page-table entries now: unmapping populated entries
-	// (an ODP table's, which copies through the view) cost the switch
-	// 95-120 µs against 17 µs without. The pages stay in the memfd.
-	_, _, _ = unix.Syscall(unix.SYS_MADVISE, uintptr(s.appPtr(m.p)), uintptr(len(m.New))<<PageShift, unix.MADV_DONTNEED)
-}
-
 // PopulateView populates the application's view of the migrated range
 // (MADV_POPULATE_WRITE, _READ for read-only pages; best effort, once) after
-// Commit: the switch leaves the view without page-table entries, and an
-// ODP table copies through that view, so the first copy of each page would
-// otherwise take a minor fault (2.6 µs here). It costs about 2 µs per page
-// on this VM, so it is not done in Commit, where a remap has placement
-// paused: Migrate does it after Commit, and Release does it (before giving
-// the old frames back) when an ODP table covers the range, which a remap
-// calls after resuming.
+// Commit: the switch leaves the view without page-table entries, where
+// the kernel's migration leaves a mapped page mapped. Migrate does it after
+// Commit. A remap (placement) does not: no table copies through the view
+// (ODP tables copy through the NIC's view since session 13), the
+// application takes a minor fault only on the pages it touches, and the
+// population costs 0.6-2 µs per page on this VM, kernel time that the data
+// path would lose.
 func (m *Migration) PopulateView() {
 	if m.state != migrationCommitted || m.viewDone {
 		return
@@ -413,7 +364,6 @@ func (m *Migration) commitCopy(copyDirty func(m *Migration) error, keep *Subscri
 	if err != nil {
 		return nil, fmt.Errorf("hostmem: migrate %#x+%d pages: %w", m.Addr, n, err)
 	}
-	m.subscribed = len(inv.subs) > 0 || keep != nil
 	if copyDirty == nil {
 		for i := range m.Old {
 			m.CopyPage(i)
@@ -507,9 +457,6 @@ func (m *Migration) Release() {
 	case migrationPrepared, migrationUnswitched:
 		m.Abort()
 	case migrationCommitted:
-		if m.subscribed {
-			m.PopulateView()
-		}
 		m.state = migrationReleased
 		s := m.as
 		if m.pin != nil {

@@ -168,48 +168,6 @@ func TestPrepareCommitCopiesDirtyPages(t *testing.T) {
 	require.Error(t, err)
 }
 
-// WarmView runs the switch's system calls elsewhere: the application's
-// view, the page map and the subscribers see no change, and a Commit after
-// it switches as without it.
-func TestWarmViewChangesNothing(t *testing.T) {
-	s := newSpace(t, testSpace)
-	b, err := s.Alloc(3 * PageSize)
-	require.NoError(t, err)
-	addr := AddrOf(b)
-	fill(b, 7)
-	var rec recorder
-	sub, err := s.Subscribe(addr, 3*PageSize, &rec)
-	require.NoError(t, err)
-	defer sub.Unsubscribe()
-	before := frames(t, s, addr, 3)
-	perm := perms(t, addr)
-
-	m, err := s.PrepareMigrate(addr, 3)
-	require.NoError(t, err)
-	for i := range 3 {
-		m.CopyPage(i)
-	}
-	m.WarmView()
-	m.WarmView() // twice: the scratch view is replaced
-	invs, _ := rec.take()
-	require.Empty(t, invs, "no invalidation")
-	require.Equal(t, before, frames(t, s, addr, 3), "page map unchanged")
-	require.Equal(t, perm, perms(t, addr))
-	// The application's view still maps the old frames: a write through it
-	// lands there and not in the new frame.
-	copy(b[10:], "still old")
-	require.Equal(t, "still old", string(s.FrameBytes(m.Old[0])[10:19]))
-	require.NotEqual(t, "still old", string(s.FrameBytes(m.New[0])[10:19]))
-
-	require.NoError(t, m.Commit(nil))
-	m.WarmView() // after Commit: nothing
-	require.Equal(t, m.New, frames(t, s, addr, 3))
-	want := filled(3*PageSize, 7)
-	copy(want[10:], "still old")
-	require.Equal(t, want, b, "Commit copied every page")
-	m.Release()
-}
-
 // CommitCopy and SwitchView are Commit in two halves: the view keeps the
 // old frames until SwitchView, and the page map switches with it.
 func TestCommitCopyThenSwitchView(t *testing.T) {

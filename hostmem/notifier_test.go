@@ -301,8 +301,7 @@ func TestNoLeaks(t *testing.T) {
 		s, err := NewAddressSpace(Config{Size: 64 << 20})
 		require.NoError(t, err)
 		views = append(views, span{uintptr(s.appBase), uintptr(s.appBase) + s.size},
-			span{uintptr(s.nicBase), uintptr(s.nicBase) + s.size},
-			span{uintptr(s.scratch), uintptr(s.scratch) + scratchPages*PageSize})
+			span{uintptr(s.nicBase), uintptr(s.nicBase) + s.size})
 		var rec recorder
 		sub, err := s.Subscribe(0, 1<<63, &rec)
 		require.NoError(t, err)

@@ -73,3 +73,7 @@ func (t *ODP) Mirroring() bool { return t.mirror.Load() != nil }
 func (t *Table) SwitchFramesHeld(frames []hostmem.Frame, between func()) error {
 	return t.switchFrames(frames, between)
 }
+
+// SetResolvedHook makes f run in every fault batch between the host's
+// resolve and the install (nil: none).
+func (t *ODP) SetResolvedHook(f func()) { t.resolvedHook = f }

@@ -72,12 +72,17 @@ type ODPStats struct {
 // child is the entries of up to 2^ChildShift consecutive pages.
 type child struct{ e []odpEntry }
 
-// odpEntry is one page of an on-demand table: its flags only. The page's
-// address is its IOVA in the application's view of the host address
-// space (an ODP region is registered at its application addresses), so
-// there is no frame to store: the notifier protocol keeps an entry
-// present only while that mapping is the one the fault resolved.
-type odpEntry struct{ flags atomic.Uint32 }
+// odpEntry is one page of an on-demand table: its flags and the host frame
+// the fault resolved, which the NIC writes through its own view of the
+// host memory (hostmem.AddressSpace.FramePointer), as a real ODP NIC
+// writes the physical page its MTT entry names. The notifier protocol
+// keeps an entry present only while the application's mapping is the one
+// the fault resolved; frame is stored before the entry turns present and
+// is read only while it is.
+type odpEntry struct {
+	flags atomic.Uint32
+	frame atomic.Uint32 // hostmem.Frame
+}
 
 // ODP is the translation table of an on-demand memory region (IBV_ACCESS_ON_
 // DEMAND): every entry starts not present; a copy that meets a page that is
@@ -86,16 +91,19 @@ type odpEntry struct{ flags atomic.Uint32 }
 // entries from the host address space under its notifier's sequence count
 // (mmu_interval_read_begin / read_retry), and the copy is repeated.
 //
-// Copies go through the application's view of the address space (the
-// mapping the application reads and writes, AppPointer), not through a
-// mapping of the NIC's own: a page the application has touched is then
-// reached with no system call and no page fault, and a page nobody has
-// touched is populated by the kernel's page fault in the first copy. This
-// is safe because the host invalidates before it changes the mapping
-// (Free before it unmaps, Migrate before it copies and remaps, Protect
-// before mprotect): a copy runs only on present entries, and the
-// invalidation waits for it, so no copy touches an address that is being
-// unmapped or a frame that is being replaced.
+// Copies go to the frames the faults resolved, through the NIC's view of
+// the host memory (the mapping of every frame, which stays mapped until
+// the address space closes), page by page, as a real ODP NIC writes the
+// physical pages of its MTT entries: they never touch the application's
+// page tables, so the NIC's traffic does not populate them and a remap's
+// view switch does not have to unmap what the NIC populated (docs/
+// scopes.md, "Session 13": it cost the untouched QPs 10-15 % of their
+// throughput). A page nobody has touched is populated by the kernel's
+// page fault in the NIC view at its first copy. This is safe because the
+// host invalidates before it changes the mapping (Free before it unmaps,
+// Migrate before it copies and remaps, Protect before mprotect): a copy
+// runs only on present entries, and the invalidation waits for it, so no
+// copy writes a frame that is being freed or replaced.
 //
 // The host address space invalidates ranges through the table's
 // subscription: Invalidate clears the entries and then waits until every
@@ -119,9 +127,9 @@ type ODP struct {
 
 	children []atomic.Pointer[child]
 
-	// app is the application's view of base: page pg of the table is at
-	// app + pg<<PageShift.
-	app    unsafe.Pointer
+	// nic is the NIC's view of frame 0 (hostmem FramePointer(0)): frame f
+	// is at nic + f<<PageShift.
+	nic    unsafe.Pointer
 	as     *hostmem.AddressSpace
 	sub    *hostmem.Subscription
 	budget *Budget
@@ -156,6 +164,10 @@ type ODP struct {
 	mirror   atomic.Pointer[ODPMirror]
 	mirrorMu sync.Mutex
 
+	// resolvedHook, set by tests only, runs in faultBatch between the
+	// host's resolve and the install.
+	resolvedHook func()
+
 	stats struct {
 		faults, faultsHandled, invals, invalsHandled, prefetch, evictions atomic.Int64
 	}
@@ -181,7 +193,7 @@ func NewODP(as *hostmem.AddressSpace, iova, length uint64, writable bool, budget
 	start := iova &^ pageMask
 	end := (iova + length + pageMask) &^ pageMask
 	t := &ODP{iova: iova, length: length, base: start, npages: (end - start) >> PageShift,
-		writable: writable, app: as.AppPointer(start), as: as, budget: budget}
+		writable: writable, nic: as.FramePointer(0), as: as, budget: budget}
 	nc := (t.npages + childMask) >> ChildShift
 	t.children = make([]atomic.Pointer[child], nc)
 	for c := range t.children {
@@ -203,7 +215,7 @@ func NewImplicit(as *hostmem.AddressSpace, writable bool, budget *Budget) (*ODP,
 	}
 	b := as.Bounds()
 	t := &ODP{iova: 0, length: math.MaxUint64, base: b.Start, npages: b.Len() >> PageShift,
-		implicit: true, writable: writable, app: as.AppPointer(b.Start), as: as, budget: budget}
+		implicit: true, writable: writable, nic: as.FramePointer(0), as: as, budget: budget}
 	t.children = make([]atomic.Pointer[child], (t.npages+childMask)>>ChildShift)
 	if err := t.subscribe(b.Start, b.Len()); err != nil {
 		return nil, err
@@ -324,8 +336,8 @@ func (t *ODP) CopyOut(iova uint64, dst []byte) (int, Result) { return t.copyPage
 
 // copyPages is CopyIn (write: b goes into the region) and CopyOut (b
 // receives the region's bytes), inside the copy section: every page is
-// checked, then the bytes move in one copy through the application's view
-// (contiguous, whatever the frames).
+// checked, then the bytes move page by page to or from the entries'
+// frames.
 func (t *ODP) copyPages(iova uint64, b []byte, write bool) (int, Result) {
 	first, count, ok := t.pages(iova, uint64(len(b)))
 	if !ok {
@@ -346,27 +358,27 @@ func (t *ODP) copyPages(iova uint64, b []byte, write bool) (int, Result) {
 	if write {
 		t.write(first, count, iova-t.base, b, nil)
 	} else {
-		copy(b, unsafe.Slice((*byte)(unsafe.Add(t.app, iova-t.base)), len(b)))
+		t.copyFrames(iova-t.base, b, false)
 	}
 	t.exit(ep)
 	return len(b), OK
 }
 
 // write is CopyIn's work inside the copy section, once the pages from
-// first are checked: b goes into the region at table offset off through
-// the application's view, and to the mirror's frames during a remap's
-// view switch. between, if not nil, runs after the view's copy (a test
-// holds the write there).
+// first are checked: b goes into the region at table offset off, into the
+// entries' frames, and to the mirror's frames during a remap's switch.
+// between, if not nil, runs after the first copy (a test holds the write
+// there).
 //
-// The mirror is loaded before the view's copy: SwitchMirrored switches the
-// view and then ends the mirror, so a write that finds no mirror writes a
-// view that maps the new frames, and one that finds it copies into them
-// whichever frames its view copy reached. Loaded after the copy, an ended
-// mirror would leave bytes copied into the old frames before the switch
-// out of the new ones.
+// The mirror is loaded before the entries' frames: SwitchMirrored points
+// the entries at the new frames and then ends the mirror, so a write that
+// finds no mirror reads the new frames, and one that finds it copies into
+// them whichever frames it read. Loaded after the copy, an ended mirror
+// would leave bytes copied into the old frames before the switch out of
+// the new ones.
 func (t *ODP) write(first, count, off uint64, b []byte, between func()) {
 	m := t.mirror.Load()
-	copy(unsafe.Slice((*byte)(unsafe.Add(t.app, off)), len(b)), b)
+	t.copyFrames(off, b, true)
 	if between != nil {
 		between()
 	}
@@ -380,6 +392,29 @@ func (t *ODP) write(first, count, off uint64, b []byte, between func()) {
 			}
 		}
 	}
+}
+
+// copyFrames copies b to (write) or from the region at table offset off,
+// page by page through the NIC's view of each present entry's frame.
+func (t *ODP) copyFrames(off uint64, b []byte, write bool) {
+	for len(b) > 0 {
+		n := min(uint64(len(b)), PageSize-off&pageMask)
+		p := unsafe.Slice((*byte)(t.at(off)), n)
+		if write {
+			copy(p, b[:n])
+		} else {
+			copy(b[:n], p)
+		}
+		b = b[n:]
+		off += n
+	}
+}
+
+// at returns the NIC's address of the byte at table offset off, whose
+// page's entry is present.
+func (t *ODP) at(off uint64) unsafe.Pointer {
+	f := uintptr(t.entry(off >> PageShift).frame.Load())
+	return unsafe.Add(t.nic, f<<PageShift|uintptr(off&pageMask))
 }
 
 // StartTracking begins the dirty tracking of a remap: Dirty bits are
@@ -443,7 +478,7 @@ func (t *ODP) Atomic64(iova uint64, op func(p *uint64) uint64) (uint64, Result) 
 	if m := t.mirror.Load(); m != nil {
 		v = t.mirrorAtomic(m, iova-t.base, op)
 	} else {
-		v = op((*uint64)(unsafe.Add(t.app, iova-t.base)))
+		v = op((*uint64)(t.at(iova - t.base)))
 	}
 	if t.track.Load() {
 		t.entry(first).flags.Or(uint32(Dirty))
@@ -594,6 +629,9 @@ func (t *ODP) faultBatch(pg uint64, pgs []hostmem.Page, need Flags, acc hostmem.
 			}
 			return 0, 0, fmt.Errorf("%w: %#x: %w", ErrFault, addr, err)
 		}
+		if t.resolvedHook != nil {
+			t.resolvedHook()
+		}
 		t.mu.Lock()
 		if t.sub.ReadRetry(seq) {
 			t.mu.Unlock()
@@ -603,9 +641,17 @@ func (t *ODP) faultBatch(pg uint64, pgs []hostmem.Page, need Flags, acc hostmem.
 			t.mu.Unlock()
 			return 0, 0, fmt.Errorf("%w: region deregistered", ErrFault)
 		}
+		if !t.resolvedCurrent(addr, pgs[:got]) {
+			// The host's page map moved on (a remap's switch, which
+			// leaves this table out of its invalidation and points the
+			// present entries at the new frames under mu): resolve again.
+			t.mu.Unlock()
+			continue
+		}
 		made := 0
 		for i := range got {
 			e := t.entry(pg + uint64(i))
+			e.frame.Store(uint32(pgs[i].Frame))
 			// A CAS, not a store: the budget's clock changes the Accessed
 			// and ring bits without mu.
 			for {
@@ -653,6 +699,17 @@ func (t *ODP) faultBatch(pg uint64, pgs []hostmem.Page, need Flags, acc hostmem.
 		}
 		return made, got, fmt.Errorf("%w: %#x: %w", ErrFault, addr+uint64(got)<<PageShift, err)
 	}
+}
+
+// resolvedCurrent reports whether every page resolved from addr still has
+// the frame the host's page map gives it now. Called with mu.
+func (t *ODP) resolvedCurrent(addr uint64, pgs []hostmem.Page) bool {
+	for i := range pgs {
+		if f, ok := t.as.FrameOf(addr + uint64(i)<<PageShift); !ok || f != pgs[i].Frame {
+			return false
+		}
+	}
+	return true
 }
 
 // growChildren allocates the children of an implicit table that

@@ -12,11 +12,14 @@ import (
 // ODPMirror is the new frames of a remap of an on-demand table's pages, as
 // the NIC writes them while the application's view switches (NewMirror,
 // StartMirror, SwitchMirrored): the counterpart of Table's Mirror for a
-// table that copies through the application's view.
+// table whose entries a remap leaves present (it keeps the table out of
+// its invalidation, so that the table's faults do not wait for the
+// switch).
 type ODPMirror struct {
-	t     *ODP
-	off   uint64  // byte offset from the table's base of the first mirrored page
-	pages []*byte // NIC-side address of each mirrored page's new frame
+	t      *ODP
+	off    uint64          // byte offset from the table's base of the first mirrored page
+	pages  []*byte         // NIC-side address of each mirrored page's new frame
+	frames []hostmem.Frame // the new frames
 }
 
 // NewMirror prepares the mirror of the pages of [addr, addr+len(frames)
@@ -32,7 +35,7 @@ func (t *ODP) NewMirror(addr uint64, frames []hostmem.Frame) (*ODPMirror, error)
 	if addr&pageMask != 0 || addr < t.base || n == 0 || (addr-t.base)>>PageShift+n > t.npages {
 		return nil, fmt.Errorf("pagetable: mirror of %#x+%d pages outside the table %#x+%d pages", addr, n, t.base, t.npages)
 	}
-	m := &ODPMirror{t: t, off: addr - t.base, pages: make([]*byte, n)}
+	m := &ODPMirror{t: t, off: addr - t.base, pages: make([]*byte, n), frames: frames}
 	for k, f := range frames {
 		m.pages[k] = (*byte)(t.as.FramePointer(f))
 	}
@@ -40,10 +43,10 @@ func (t *ODP) NewMirror(addr uint64, frames []hostmem.Frame) (*ODPMirror, error)
 }
 
 // StartMirror makes every write of the table (CopyIn, Atomic64) reach m's
-// frames as well as the application's view, until SwitchMirrored. It lets
-// a remap resume placement before the view has switched (an mmap, tens of
-// µs): the view holds every write until it switches, and the new frames
-// hold every write from now on. The caller has stopped the writes and
+// frames as well as the entries' (old) frames, until SwitchMirrored. It
+// lets a remap resume placement before the view has switched (an mmap,
+// tens of µs): the old frames hold every write until the switch, and the
+// new frames hold every write from now on. The caller has stopped the writes and
 // waited for them, and copied the pages written since the pre-copy, so
 // that both hold the same bytes. Concurrent writes of overlapping bytes
 // by different QPs may leave the two different, as IBTA leaves their
@@ -59,16 +62,29 @@ func (t *ODP) StartMirror(m *ODPMirror) error {
 	return nil
 }
 
-// SwitchMirrored runs switchView (the application's view mapped onto the
-// mirror's frames), then ends the mirror and waits for the copies that
-// may still be writing through it, so that the old frames may be given
-// back when it returns. Mirrored atomics wait while the view switches: an
-// atomic and its copy to the new word see the same frame. If switchView
-// fails, the mirror ends all the same (the view and the table keep the
-// old frames) and its error is returned.
+// SwitchMirrored runs switchView (the application's view and the host's
+// page map switched to the mirror's frames), then points the mirrored
+// pages' entries at the new frames (under mu, so that a fault that
+// resolved an old frame before the host's switch either installed it
+// before, and is overwritten, or finds the page map changed and resolves
+// again), then ends the mirror and waits for the copies that may still be
+// writing the old frames, so that they may be given back when it returns.
+// Mirrored atomics wait meanwhile: an atomic and its copy to the new word
+// see the same frame. If switchView fails, the mirror ends all the same
+// (the view and the table keep the old frames) and its error is returned.
 func (t *ODP) SwitchMirrored(switchView func() error) error {
 	t.mirrorMu.Lock()
 	err := switchView()
+	if m := t.mirror.Load(); m != nil && err == nil {
+		t.mu.Lock()
+		first := m.off >> PageShift
+		for k, f := range m.frames {
+			if e := t.entry(first + uint64(k)); e != nil {
+				e.frame.Store(uint32(f))
+			}
+		}
+		t.mu.Unlock()
+	}
 	t.mirror.Store(nil)
 	t.mirrorMu.Unlock()
 	t.waitCopies()
@@ -103,16 +119,16 @@ func (m *ODPMirror) word(off uint64) *uint64 {
 	return (*uint64)(unsafe.Add(unsafe.Pointer(m.pages[k]), off&pageMask))
 }
 
-// mirrorAtomic runs op on the word at table offset off through the
-// application's view and stores the word's new value in the mirror's
-// frame, under mirrorMu so that the view cannot switch in between and
-// mirrored atomics are serialized (the new word ends with the last
-// result). If the mirror ended meanwhile, the view has switched: op runs
-// on the view alone.
+// mirrorAtomic runs op on the word at table offset off in its entry's
+// frame and stores the word's new value in the mirror's frame, under
+// mirrorMu so that the entries cannot switch in between and mirrored
+// atomics are serialized (the new word ends with the last result). If the
+// mirror ended meanwhile, the entry has switched: op runs on the new frame
+// alone.
 func (t *ODP) mirrorAtomic(m *ODPMirror, off uint64, op func(*uint64) uint64) uint64 {
-	w := (*uint64)(unsafe.Add(t.app, off))
 	t.mirrorMu.Lock()
 	defer t.mirrorMu.Unlock()
+	w := (*uint64)(t.at(off))
 	r := op(w)
 	if t.mirror.Load() == m {
 		if nw := m.word(off); nw != nil {

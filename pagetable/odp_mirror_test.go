@@ -2,6 +2,7 @@ package pagetable_test
 
 import (
 	"errors"
+	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -213,4 +214,80 @@ func TestODPMirrorCatchesAWriteTheViewSwitchOvertook(t *testing.T) {
 	require.NoError(t, <-switched)
 	m.Release()
 	require.Equal(t, string(msg), string(mem[off:off+uint64(len(msg))]), "the new frames (the view) have the write")
+}
+
+// A fault that resolved a page's old frame before a remap's switch and
+// installs it after (the remap leaves the table out of its invalidation,
+// so the sequence count does not tell) sees that the host's page map moved
+// on and resolves again: the entry gets the new frame, and a write after
+// the old frames went back lands in the new one, which the application's
+// view maps.
+func TestODPFaultRacingTheSwitchResolvesAgain(t *testing.T) {
+	as := newAS(t, 16<<20)
+	mem, tab := newODP(t, as, 2, nil)
+	base := hostmem.AddrOf(mem)
+	copy(mem, "old bytes")
+	m, err := as.PrepareMigrate(base, 2)
+	require.NoError(t, err)
+	for i := range 2 {
+		m.CopyPage(i)
+	}
+	mir, err := tab.NewMirror(base, m.New)
+	require.NoError(t, err)
+	require.NoError(t, m.CommitCopyKeeping(nil, tab.Subscription()))
+	require.NoError(t, tab.StartMirror(mir))
+	switched := 0
+	tab.SetResolvedHook(func() {
+		if switched++; switched == 1 {
+			require.NoError(t, tab.SwitchMirrored(m.SwitchView))
+		}
+	})
+	_, err = tab.Fault(base, 2*ps, pagetable.FaultWrite)
+	require.NoError(t, err)
+	tab.SetResolvedHook(nil)
+	require.Equal(t, 2, switched, "the fault resolved again after the switch")
+	m.Release()
+
+	msg := []byte("written after the switch")
+	n, r := tab.CopyIn(base+ps+10, msg)
+	require.Equal(t, pagetable.OK, r)
+	require.Equal(t, len(msg), n)
+	require.Equal(t, msg, as.FrameBytes(m.New[1])[10:10+len(msg)], "the new frame")
+	require.Equal(t, msg, mem[ps+10:ps+10+len(msg)], "the application's view")
+	require.Equal(t, "old bytes", string(mem[:9]))
+}
+
+// The table's copies go through the NIC's view of the frames, as a NIC
+// writes physical pages: a page the application never touched gets the
+// bytes without the application's view gaining a page-table entry
+// (/proc/self/pagemap), and the application reads them afterwards.
+func TestODPCopiesLeaveTheApplicationsPageTablesAlone(t *testing.T) {
+	as := newAS(t, 16<<20)
+	mem, tab := newODP(t, as, 2, nil)
+	base := hostmem.AddrOf(mem)
+	_, err := tab.Fault(base, 2*ps, pagetable.FaultWrite)
+	require.NoError(t, err)
+	msg := []byte("from the wire")
+	_, r := tab.CopyIn(base+ps+5, msg)
+	require.Equal(t, pagetable.OK, r)
+	out := make([]byte, len(msg))
+	_, r = tab.CopyOut(base+ps+5, out)
+	require.Equal(t, pagetable.OK, r)
+	require.Equal(t, msg, out)
+	require.False(t, appMapped(t, base+ps), "the NIC's copy did not map the application's page")
+	require.Equal(t, msg, mem[ps+5:ps+5+len(msg)], "the application reads the bytes")
+	require.True(t, appMapped(t, base+ps), "its own read did")
+}
+
+// appMapped reports whether the page of addr has a present page-table
+// entry in this process (bit 63 of /proc/self/pagemap).
+func appMapped(t *testing.T, addr uint64) bool {
+	t.Helper()
+	f, err := os.Open("/proc/self/pagemap")
+	require.NoError(t, err)
+	defer f.Close()
+	var v [8]byte
+	_, err = f.ReadAt(v[:], int64(addr/ps)*8)
+	require.NoError(t, err)
+	return v[7]&0x80 != 0
 }

@@ -472,10 +472,14 @@ func TestODPFreedPageIsAFault(t *testing.T) {
 }
 
 // TestODPAppTouchedPageNeedsNoSyscall: the fault of a page the application
-// has written makes no system call, and neither it nor the copy after it
-// takes a page fault: the NIC copies through the application's own
-// mapping. A page nobody touched is populated by the copy's page fault
-// (one, at least); with FaultPopulate by one madvise for the run instead.
+// has written makes no system call. The copies go through the NIC's view,
+// which had not mapped these frames: the kernel maps them on the first
+// copy's minor fault, up to 16 pages (64 KiB, its fault-around window) per
+// fault, and once the NIC's view maps them no copy faults again (until
+// session 13 the copies went through the application's view, and took no
+// fault at all here; docs/odp.md, "Why the NIC's view"). A page nobody
+// touched is populated by the copy's page fault (one, at least); with
+// FaultPopulate by one madvise for the run instead.
 func TestODPAppTouchedPageNeedsNoSyscall(t *testing.T) {
 	as := newAS(t, 16<<20)
 	const pages = 16
@@ -518,7 +522,11 @@ func TestODPAppTouchedPageNeedsNoSyscall(t *testing.T) {
 	require.Zero(t, st.Syscalls-st0.Syscalls, "no system call")
 	require.Zero(t, st.Populated-st0.Populated)
 	if !pagetable.RaceEnabled { // the race runtime may fault on its own shadow memory
-		require.Zero(t, flt, "no page fault in the fault handler or the copies")
+		require.LessOrEqual(t, flt, int64(pages/16+1), "fault-around: one fault per 16 pages the NIC's view had not mapped")
+		// Again: the NIC's view maps the frames now.
+		flt0 = minorFaults(t)
+		run(0)
+		require.Zero(t, minorFaults(t)-flt0, "no page fault once the NIC's view maps the frames")
 	}
 
 	// Never touched: no system call either; the copies fault the pages in.
@@ -560,11 +568,11 @@ func minorFaults(t *testing.T) int64 {
 
 // TestODPCopiesRacingHostChangesNeverCrash: copies, atomics and faults run
 // on a range while the host frees and maps it again, migrates it and makes
-// it read-only and writable, over and over. A copy that touched the
-// application's view after it was unmapped or made read-only would kill
-// the test with SIGSEGV; every fault either succeeds or is ErrFault
-// (ErrNotMapped, ErrReadOnly), and after the last change a write reaches
-// the application.
+// it read-only and writable, over and over: every fault either succeeds
+// or is ErrFault (ErrNotMapped, ErrReadOnly), and after the last change a
+// write reaches the application. (While the copies went through the
+// application's view, before session 13, a copy that touched it after it
+// was unmapped or made read-only killed the test with SIGSEGV.)
 func TestODPCopiesRacingHostChangesNeverCrash(t *testing.T) {
 	as := newAS(t, 64<<20)
 	const pages = 4

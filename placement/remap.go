@@ -183,11 +183,6 @@ func (e *Engine) prepareRemap(r *Remapping) (*Remapping, error) {
 			mr.odp.t.StopTracking()
 			return nil, operr.Wrap("placement", "remap", err)
 		}
-		// The view switch (after the resume, in Finish) takes tens of
-		// µs cold: run its system calls once now, so that Finish's run
-		// in warm caches, and drop the view's entries, which the mmap
-		// would otherwise unmap one by one.
-		r.m.WarmView()
 	}
 	return r, nil
 }
