@@ -243,8 +243,14 @@ func (r *Remapping) Commit() error {
 		}
 		if err := t.StartMirror(r.odpMirror); err != nil {
 			// Cannot happen (one remap of an MR at a time): switch
-			// inside the pause.
-			return r.m.SwitchView()
+			// inside the pause. The invalidation left the table out,
+			// so its entries still name the old frames, which Release
+			// gives back: clear them (placement is paused, no copy is
+			// in flight), and the pages fault the new frames in.
+			err := r.m.SwitchView()
+			ent := mr.ent()
+			t.InvalidateRange(ent.IOVA, ent.Length)
+			return err
 		}
 		r.mirrored = true
 		return nil
