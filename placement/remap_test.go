@@ -26,7 +26,7 @@ func TestRemapPinnedWritesDuringTheViewSwitch(t *testing.T) {
 }
 
 // TestRemapODPWritesDuringTheViewSwitch is the same for an explicit ODP
-// MR, whose table copies through the application's view: the remap's
+// MR, whose entries keep the old frames until the switch: the remap's
 // invalidation leaves the table out, Commit starts its mirror, and the
 // view switches in Finish. It fails if the mirror does not copy the
 // WRITE or the atomic into the new frames.
