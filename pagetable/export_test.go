@@ -77,3 +77,19 @@ func (t *Table) SwitchFramesHeld(frames []hostmem.Frame, between func()) error {
 // SetResolvedHook makes f run in every fault batch between the host's
 // resolve and the install (nil: none).
 func (t *ODP) SetResolvedHook(f func()) { t.resolvedHook = f }
+
+// EntryAt returns the flags of the entry of iova's page and the frame it
+// names (meaningful only while Present); ok is false outside the table or
+// before an implicit table's child exists.
+func (t *ODP) EntryAt(iova uint64) (f hostmem.Frame, fl Flags, ok bool) {
+	first, _, in := t.pages(iova, 1)
+	if !in {
+		return 0, 0, false
+	}
+	e := t.entry(first)
+	if e == nil {
+		return 0, 0, false
+	}
+	fl = Flags(e.flags.Load())
+	return hostmem.Frame(e.frame.Load()), fl, true
+}

@@ -49,7 +49,7 @@ const (
 	// FaultPrefetch: counted as prefetch (page_prefetch), not as faults.
 	FaultPrefetch
 	// FaultPopulate: populate the pages the host is not known to hold now
-	// (one MADV_POPULATE_WRITE per run on the application's view), so that
+	// (one MADV_POPULATE_WRITE per run of frames on the NIC's view), so that
 	// the copies that follow take no page fault. For faults off the data
 	// path (prefetch, the rnr policy's background fault); without it a
 	// fault makes no system call and the first copy of a page nobody has

@@ -67,7 +67,10 @@ func (t *ODP) StartMirror(m *ODPMirror) error {
 // pages' entries at the new frames (under mu, so that a fault that
 // resolved an old frame before the host's switch either installed it
 // before, and is overwritten, or finds the page map changed and resolves
-// again), then ends the mirror and waits for the copies that may still be
+// again; only the pages the page map still gives the new frames: the
+// host's lock is free once switchView returns, and a Free or a migration
+// may have given them back since and a fault installed the next ones),
+// then ends the mirror and waits for the copies that may still be
 // writing the old frames, so that they may be given back when it returns.
 // Mirrored atomics wait meanwhile: an atomic and its copy to the new word
 // see the same frame. If switchView fails, the mirror ends all the same
@@ -79,6 +82,16 @@ func (t *ODP) SwitchMirrored(switchView func() error) error {
 		t.mu.Lock()
 		first := m.off >> PageShift
 		for k, f := range m.frames {
+			// switchView released the host's lock: a Free or a
+			// migration of the page may have run since (invalidating
+			// the table, this time) and a fault installed the page's
+			// next frame, while f went back to the host. Only a page
+			// the host still maps to f gets it; any later change
+			// invalidates under mu, after this store.
+			addr := t.base + m.off + uint64(k)<<PageShift
+			if cur, ok := t.as.FrameOf(addr); !ok || cur != f {
+				continue
+			}
 			if e := t.entry(first + uint64(k)); e != nil {
 				e.frame.Store(uint32(f))
 			}

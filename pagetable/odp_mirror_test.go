@@ -291,3 +291,58 @@ func appMapped(t *testing.T, addr uint64) bool {
 	require.NoError(t, err)
 	return v[7]&0x80 != 0
 }
+
+// The host's lock is free again when the view switch returns, before
+// SwitchMirrored points the entries at the new frames: a change of the
+// range by the host (the application's Free or Migrate, waiting for the
+// lock since Commit) and a fault of the pages it maps may run in between.
+// The switch then must not point the entries the fault made present at
+// the remap's new frames, which the change gave back (to the free frames,
+// or to the migration pool, which hands them to the next migration): a
+// write after it reaches the application's memory, not a frame it no
+// longer has.
+func TestODPSwitchMirroredAfterTheHostMovedOn(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		change func(t *testing.T, as *hostmem.AddressSpace, base uint64, n int)
+	}{
+		{"free and map again", func(t *testing.T, as *hostmem.AddressSpace, base uint64, n int) {
+			require.NoError(t, as.Free(base, n*ps))
+			_, err := as.AllocAt(base, n*ps)
+			require.NoError(t, err)
+		}},
+		{"migrate", func(t *testing.T, as *hostmem.AddressSpace, base uint64, n int) {
+			m2, err := as.Migrate(base, n)
+			require.NoError(t, err)
+			m2.Release()
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			as, mem, tab, m, mir := odpCommitted(t)
+			base := hostmem.AddrOf(mem)
+			require.NoError(t, tab.StartMirror(mir))
+			require.NoError(t, tab.SwitchMirrored(func() error {
+				if err := m.SwitchView(); err != nil {
+					return err
+				}
+				tc.change(t, as, base, 3)
+				_, err := tab.Fault(base, 3*ps, pagetable.FaultWrite)
+				require.NoError(t, err)
+				return nil
+			}))
+			m.Release()
+			for i := range 3 {
+				f, ok := as.FrameOf(base + uint64(i)*ps)
+				require.True(t, ok)
+				require.NotContains(t, m.New, f, "precondition: the address has other frames now")
+			}
+			mem2 := unsafe.Slice((*byte)(as.AppPointer(base)), 3*ps)
+			msg := []byte("after the host's change")
+			for i := range 3 {
+				_, r := tab.CopyIn(base+uint64(i)*ps+7, msg)
+				require.Equal(t, pagetable.OK, r)
+				require.Equal(t, msg, mem2[i*ps+7:i*ps+7+len(msg)], "page %d: the application's memory has the write", i)
+			}
+		})
+	}
+}

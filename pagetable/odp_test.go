@@ -719,3 +719,97 @@ func TestODPNoPopulateCountsEachPageOnce(t *testing.T) {
 	require.EqualValues(t, 8, st.PageFaults)
 	require.EqualValues(t, 2, st.PageFaultsHandled)
 }
+
+// TestODPEntriesFollowTheHost: copies, atomics and faults run on a range
+// while the host frees and maps it again, migrates it, makes it read-only
+// and writable, and remaps it as placement does (the table kept out of the
+// invalidation, its writes mirrored, the entries switched), over and over.
+// Since the table copies through the NIC's view, which maps every frame
+// writable until Close, nothing crashes when an entry goes stale; so
+// between two changes the test checks what the notifier protocol
+// promises: every present entry names the frame the host's page map gives
+// its page, and a writable entry's page is writable.
+func TestODPEntriesFollowTheHost(t *testing.T) {
+	as := newAS(t, 64<<20)
+	const pages = 4
+	mem, tab := newODP(t, as, pages, nil)
+	base := hostmem.AddrOf(mem)
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	for w := range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, ps+100)
+			for i := 0; !stop.Load(); i++ {
+				off := uint64((i*977 + w*131) % (pages*ps - len(buf)))
+				var r pagetable.Result
+				switch i % 3 {
+				case 0:
+					_, r = tab.CopyIn(base+off, buf)
+				case 1:
+					_, r = tab.CopyOut(base+off, buf)
+				default:
+					_, r = tab.Atomic64(base+off&^7, func(p *uint64) uint64 { return atomic.AddUint64(p, 1) })
+				}
+				if r == pagetable.OK {
+					continue
+				}
+				fl := pagetable.FaultWrite
+				if i%3 == 1 {
+					fl = 0
+				}
+				if _, err := tab.Fault(base+off, uint64(len(buf)), fl); err != nil && !errors.Is(err, pagetable.ErrFault) {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	check := func(i int) {
+		t.Helper()
+		for pg := range uint64(pages) {
+			addr := base + pg*ps
+			f, fl, ok := tab.EntryAt(addr)
+			require.True(t, ok)
+			if fl&pagetable.Present == 0 {
+				continue
+			}
+			cur, mapped := as.FrameOf(addr)
+			require.True(t, mapped, "step %d page %d: present but not mapped", i, pg)
+			require.Equal(t, cur, f, "step %d page %d: the entry names another frame than the page map", i, pg)
+			if fl&pagetable.Writable != 0 {
+				require.True(t, as.Mapped(addr, true), "step %d page %d: writable entry of a read-only page", i, pg)
+			}
+		}
+	}
+	for i := range 500 {
+		switch i % 5 {
+		case 0:
+			require.NoError(t, as.Free(base, pages*ps))
+			_, err := as.AllocAt(base, pages*ps)
+			require.NoError(t, err)
+		case 1:
+			m, err := as.Migrate(base, pages)
+			require.NoError(t, err)
+			m.Release()
+		case 2:
+			require.NoError(t, as.Protect(base, pages*ps, false))
+		case 3:
+			require.NoError(t, as.Protect(base, pages*ps, true))
+		case 4:
+			m, err := as.PrepareMigrate(base, pages)
+			require.NoError(t, err)
+			mir, err := tab.NewMirror(base, m.New)
+			require.NoError(t, err)
+			require.NoError(t, m.CommitCopyKeeping(nil, tab.Subscription()))
+			require.NoError(t, tab.StartMirror(mir))
+			runtime.Gosched()
+			require.NoError(t, tab.SwitchMirrored(m.SwitchView))
+			m.Release()
+		}
+		check(i)
+	}
+	stop.Store(true)
+	wg.Wait()
+}

@@ -8,8 +8,8 @@
 // Two kinds of table share the flags: Table, a pinned region, whose
 // entries (frame and flags) are present from registration to release and
 // point into the NIC's view of the memory; and ODP, an on-demand region
-// (explicit or implicit), whose entries are flags only (a page is reached
-// through the application's view, at its IOVA), start not present, and are
+// (explicit or implicit), whose entries (flags and the frame a fault
+// resolved, reached through the NIC's view too) start not present, and are
 // filled by Fault and cleared by invalidation and by the Budget's eviction
 // (see odp.go and docs/odp.md). Remapping (dirty bits, switching frames)
 // builds on the same flags and sequence count; see docs/memory.md.

@@ -148,8 +148,8 @@ func (e *Engine) prepareRemap(r *Remapping) (*Remapping, error) {
 		return nil, ErrNotRemappable
 	}
 	// Another ODP table over these pages (a second MR on the same buffer,
-	// an implicit MR) writes them through the application's view, where
-	// this remap's dirty tracking does not see it: its writes during the
+	// an implicit MR) writes them through its own entries, where this
+	// remap's dirty tracking does not see it: its writes during the
 	// pre-copy would be lost. Refused here, and again atomically at
 	// Commit (a table registered meanwhile).
 	var keep *hostmem.Subscription
@@ -203,7 +203,7 @@ func (r *Remapping) restoreLinear() {
 // mmap of tens of µs, is left to Finish, after the caller has resumed:
 // Commit only makes the NIC's writes go to the new frames as well as the
 // old ones (pagetable.Table.StartMirror for a pinned MR; for an ODP MR,
-// whose table writes through the application's view,
+// whose entries keep the old frames until the switch,
 // pagetable.ODP.StartMirror, with the table left out of the invalidation
 // so that its faults do not wait: hostmem.Migration.CommitCopyKeeping), so
 // that both hold every byte until the view has switched. Commit holds the
@@ -231,9 +231,9 @@ func (r *Remapping) Commit() error {
 		return nil
 	}
 	if mr.odp != nil {
-		// The ODP table goes on copying through the application's view
+		// The ODP table goes on copying into its entries' (old) frames
 		// after the resume, and into the new frames too, until Finish
-		// has switched the view: the invalidation leaves the table out,
+		// has switched the view and the entries: the invalidation leaves the table out,
 		// so that its faults do not wait for the switch.
 		t := mr.odp.t
 		err := r.m.CommitCopyExclusive(copyDirty, t.Subscription())
@@ -243,8 +243,14 @@ func (r *Remapping) Commit() error {
 		}
 		if err := t.StartMirror(r.odpMirror); err != nil {
 			// Cannot happen (one remap of an MR at a time): switch
-			// inside the pause.
-			return r.m.SwitchView()
+			// inside the pause. The invalidation left the table out,
+			// so its entries still name the old frames, which Release
+			// gives back: clear them (placement is paused, no copy is
+			// in flight), and the pages fault the new frames in.
+			err := r.m.SwitchView()
+			ent := mr.ent()
+			t.InvalidateRange(ent.IOVA, ent.Length)
+			return err
 		}
 		r.mirrored = true
 		return nil

@@ -2,6 +2,7 @@ package placement_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -25,7 +26,7 @@ func TestRemapPinnedWritesDuringTheViewSwitch(t *testing.T) {
 }
 
 // TestRemapODPWritesDuringTheViewSwitch is the same for an explicit ODP
-// MR, whose table copies through the application's view: the remap's
+// MR, whose entries keep the old frames until the switch: the remap's
 // invalidation leaves the table out, Commit starts its mirror, and the
 // view switches in Finish. It fails if the mirror does not copy the
 // WRITE or the atomic into the new frames.
@@ -278,4 +279,73 @@ func TestDeregMRDuringAbandonedRemap(t *testing.T) {
 	require.NoError(t, e.DeregMR(mr))
 	require.NoError(t, as.Free(hostmem.AddrOf(buf), len(buf)))
 	require.NoError(t, as.Close())
+}
+
+// TestRemapODPCommitWhoseMirrorCannotStart: Commit of an ODP MR whose
+// table refuses the remap's mirror (one is started already, which cannot
+// happen with one remap of an MR at a time) switches the view inside the
+// pause instead. The table, which the invalidation left out, must not go
+// on writing the old frames its entries name once Release has given them
+// back: a WRITE after the remap reaches the application's memory.
+func TestRemapODPCommitWhoseMirrorCannotStart(t *testing.T) {
+	as, err := hostmem.NewAddressSpace(hostmem.Config{Size: 16 << 20})
+	require.NoError(t, err)
+	e := placement.New(placement.Config{AddressSpace: as})
+	buf, err := as.Alloc(2 * 4096)
+	require.NoError(t, err)
+	other, err := as.Alloc(2 * 4096)
+	require.NoError(t, err)
+	mr, err := e.RegMR(pd1, buf, rw|stag.AccessOnDemand)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		require.NoError(t, e.DeregMR(mr))
+		require.NoError(t, as.Free(hostmem.AddrOf(buf), len(buf)))
+		require.NoError(t, as.Free(hostmem.AddrOf(other), len(other)))
+		require.NoError(t, as.Close())
+	})
+	write := func(off uint64, msg []byte) {
+		t.Helper()
+		var c placement.Cursor
+		require.Equal(t, placement.OK, e.Begin(&c, pd1, mr.RKey(), mr.Addr()+off, uint64(len(msg)), stag.AccessRemoteWrite))
+		st := e.Write(&c, msg)
+		if st == placement.WouldFault {
+			require.Equal(t, placement.OK, e.FaultCursor(&c, uint64(len(msg))))
+			st = e.Write(&c, msg)
+		}
+		require.Equal(t, placement.OK, st)
+		e.End(&c)
+	}
+	write(0, make([]byte, len(buf))) // both pages present
+	old, ok := as.FrameOf(hostmem.AddrOf(buf))
+	require.True(t, ok)
+
+	r, err := e.PrepareRemap(mr)
+	require.NoError(t, err)
+	// A mirror the remap did not start, onto other's frames.
+	tab := mr.ODPTable()
+	var frames []hostmem.Frame
+	for i := range 2 {
+		f, ok := as.FrameOf(hostmem.AddrOf(other) + uint64(i)*4096)
+		require.True(t, ok)
+		frames = append(frames, f)
+	}
+	foreign, err := tab.NewMirror(hostmem.AddrOf(buf), frames)
+	require.NoError(t, err)
+	require.NoError(t, tab.StartMirror(foreign))
+	require.NoError(t, e.SuspendMR(mr))
+	require.NoError(t, r.Commit())
+	require.NoError(t, e.ResumeMR(mr))
+	require.NoError(t, r.Finish())
+	r.Release()
+	// End the foreign mirror without touching the entries.
+	require.Error(t, tab.SwitchMirrored(func() error { return errors.New("no switch") }))
+	now, ok := as.FrameOf(hostmem.AddrOf(buf))
+	require.True(t, ok)
+	require.NotEqual(t, old, now, "the pages moved")
+
+	msg := []byte("after the remap")
+	for i := range 2 {
+		write(uint64(i)*4096+9, msg)
+		require.Equal(t, msg, buf[i*4096+9:i*4096+9+len(msg)], "page %d: the application's memory has the WRITE", i)
+	}
 }
