@@ -11,9 +11,9 @@
 // Protect, Migrate and Resolve, pinning through a PinAccount, and
 // subscriptions in the manner of Linux's mmu_interval_notifier
 // (invalidate callbacks, ReadBegin/ReadRetry with a sequence count). ODP
-// tables copy through the application's range (so a page the application
-// holds needs no system call); pins and migrations use the fixed NIC
-// addresses. See docs/memory.md, "Host address space and notifiers", for
+// tables, pins and migrations copy through the fixed NIC addresses, as a
+// NIC's DMA reaches physical pages; the NIC never touches the application's
+// page tables. See docs/memory.md, "Host address space and notifiers", for
 // the protocol.
 package hostmem
 
