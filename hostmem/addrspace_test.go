@@ -9,6 +9,8 @@ import (
 	"unsafe"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/softrdma/softrdma/internal/pagemap"
 	"golang.org/x/sys/unix"
 )
 
@@ -434,18 +436,15 @@ func mincore(t *testing.T, b []byte) []byte {
 	return vec
 }
 
-// appMapped reports whether the application's view maps addr's page now
-// (its PTE is present: bit 63 of /proc/self/pagemap), as opposed to the
-// page being resident in the memfd only.
+// appMapped reports whether the page of addr has a present page-table
+// entry in this process (/proc/self/pagemap): for the application's view,
+// whether it maps the page now, as opposed to the page being resident in
+// the memfd only.
 func appMapped(t *testing.T, addr uint64) bool {
 	t.Helper()
-	f, err := os.Open("/proc/self/pagemap")
+	p, err := pagemap.Present(addr)
 	require.NoError(t, err)
-	defer f.Close()
-	var v [8]byte
-	_, err = f.ReadAt(v[:], int64(addr>>PageShift)*8)
-	require.NoError(t, err)
-	return v[7]&0x80 != 0
+	return p
 }
 
 // perms returns the permission column of /proc/self/maps for addr.

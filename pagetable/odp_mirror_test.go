@@ -2,7 +2,6 @@ package pagetable_test
 
 import (
 	"errors"
-	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -13,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/softrdma/softrdma/hostmem"
+	"github.com/softrdma/softrdma/internal/pagemap"
 	"github.com/softrdma/softrdma/pagetable"
 )
 
@@ -280,16 +280,14 @@ func TestODPCopiesLeaveTheApplicationsPageTablesAlone(t *testing.T) {
 }
 
 // appMapped reports whether the page of addr has a present page-table
-// entry in this process (bit 63 of /proc/self/pagemap).
+// entry in this process (/proc/self/pagemap): for the application's view,
+// whether it maps the page now, as opposed to the page being resident in
+// the memfd only.
 func appMapped(t *testing.T, addr uint64) bool {
 	t.Helper()
-	f, err := os.Open("/proc/self/pagemap")
+	p, err := pagemap.Present(addr)
 	require.NoError(t, err)
-	defer f.Close()
-	var v [8]byte
-	_, err = f.ReadAt(v[:], int64(addr/ps)*8)
-	require.NoError(t, err)
-	return v[7]&0x80 != 0
+	return p
 }
 
 // The host's lock is free again when the view switch returns, before

@@ -578,61 +578,9 @@ func TestODPCopiesRacingHostChangesNeverCrash(t *testing.T) {
 	const pages = 4
 	mem, tab := newODP(t, as, pages, nil)
 	base := hostmem.AddrOf(mem)
-	var stop atomic.Bool
-	var ok, refused atomic.Int64
-	var wg sync.WaitGroup
-	for w := range 3 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			buf := make([]byte, ps+100)
-			for i := 0; !stop.Load(); i++ {
-				off := uint64((i*977 + w*131) % (pages*ps - len(buf)))
-				var r pagetable.Result
-				switch i % 3 {
-				case 0:
-					_, r = tab.CopyIn(base+off, buf)
-				case 1:
-					_, r = tab.CopyOut(base+off, buf)
-				default:
-					_, r = tab.Atomic64(base+off&^7, func(p *uint64) uint64 { return atomic.AddUint64(p, 1) })
-				}
-				if r == pagetable.OK {
-					ok.Add(1)
-					continue
-				}
-				fl := pagetable.FaultWrite
-				if i%3 == 1 {
-					fl = 0
-				}
-				if i%5 == 0 {
-					fl |= pagetable.FaultPopulate
-				}
-				if _, err := tab.Fault(base+off, uint64(len(buf)), fl); err != nil {
-					if !errors.Is(err, pagetable.ErrFault) {
-						t.Error(err)
-						return
-					}
-					refused.Add(1)
-				}
-			}
-		}()
-	}
+	stop := raceCopies(t, tab, base, pages)
 	for i := range 2000 {
-		switch i % 4 {
-		case 0:
-			require.NoError(t, as.Free(base, pages*ps))
-			_, err := as.AllocAt(base, pages*ps)
-			require.NoError(t, err)
-		case 1:
-			m, err := as.Migrate(base, pages)
-			require.NoError(t, err)
-			m.Release()
-		case 2:
-			require.NoError(t, as.Protect(base, pages*ps, false))
-		case 3:
-			require.NoError(t, as.Protect(base, pages*ps, true))
-		}
+		changeHost(t, as, base, pages, i%4)
 		if i%4 == 0 {
 			// Let the writers meet the freed range too.
 			require.NoError(t, as.Free(base+ps, ps))
@@ -641,12 +589,11 @@ func TestODPCopiesRacingHostChangesNeverCrash(t *testing.T) {
 			require.NoError(t, err)
 		}
 	}
-	stop.Store(true)
-	wg.Wait()
-	require.Positive(t, ok.Load())
+	ok, refused := stop()
+	require.Positive(t, ok)
 	st := tab.Stats()
 	require.Equal(t, st.PageInvalidations, st.PageInvalidationsHandled)
-	t.Logf("%d accesses placed, %d faults refused, %d pages invalidated", ok.Load(), refused.Load(), st.PageInvalidations)
+	t.Logf("%d accesses placed, %d faults refused, %d pages invalidated", ok, refused, st.PageInvalidations)
 	_, err := tab.Fault(base, pages*ps, pagetable.FaultWrite)
 	require.NoError(t, err)
 	_, r := tab.CopyIn(base+ps, []byte("last"))
@@ -734,38 +681,7 @@ func TestODPEntriesFollowTheHost(t *testing.T) {
 	const pages = 4
 	mem, tab := newODP(t, as, pages, nil)
 	base := hostmem.AddrOf(mem)
-	var stop atomic.Bool
-	var wg sync.WaitGroup
-	for w := range 3 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			buf := make([]byte, ps+100)
-			for i := 0; !stop.Load(); i++ {
-				off := uint64((i*977 + w*131) % (pages*ps - len(buf)))
-				var r pagetable.Result
-				switch i % 3 {
-				case 0:
-					_, r = tab.CopyIn(base+off, buf)
-				case 1:
-					_, r = tab.CopyOut(base+off, buf)
-				default:
-					_, r = tab.Atomic64(base+off&^7, func(p *uint64) uint64 { return atomic.AddUint64(p, 1) })
-				}
-				if r == pagetable.OK {
-					continue
-				}
-				fl := pagetable.FaultWrite
-				if i%3 == 1 {
-					fl = 0
-				}
-				if _, err := tab.Fault(base+off, uint64(len(buf)), fl); err != nil && !errors.Is(err, pagetable.ErrFault) {
-					t.Error(err)
-					return
-				}
-			}
-		}()
-	}
+	stop := raceCopies(t, tab, base, pages)
 	check := func(i int) {
 		t.Helper()
 		for pg := range uint64(pages) {
@@ -784,19 +700,9 @@ func TestODPEntriesFollowTheHost(t *testing.T) {
 		}
 	}
 	for i := range 500 {
-		switch i % 5 {
-		case 0:
-			require.NoError(t, as.Free(base, pages*ps))
-			_, err := as.AllocAt(base, pages*ps)
-			require.NoError(t, err)
-		case 1:
-			m, err := as.Migrate(base, pages)
-			require.NoError(t, err)
-			m.Release()
-		case 2:
-			require.NoError(t, as.Protect(base, pages*ps, false))
-		case 3:
-			require.NoError(t, as.Protect(base, pages*ps, true))
+		switch k := i % 5; k {
+		default:
+			changeHost(t, as, base, pages, k)
 		case 4:
 			m, err := as.PrepareMigrate(base, pages)
 			require.NoError(t, err)
@@ -810,6 +716,79 @@ func TestODPEntriesFollowTheHost(t *testing.T) {
 		}
 		check(i)
 	}
-	stop.Store(true)
-	wg.Wait()
+	stop()
+}
+
+// changeHost changes the host's mapping of the pages pages from base, the
+// way k (0-3) says: 0 frees and maps them again (other frames), 1 migrates
+// them, 2 makes them read-only, 3 writable again.
+func changeHost(t *testing.T, as *hostmem.AddressSpace, base uint64, pages, k int) {
+	t.Helper()
+	switch k {
+	case 0:
+		require.NoError(t, as.Free(base, pages*ps))
+		_, err := as.AllocAt(base, pages*ps)
+		require.NoError(t, err)
+	case 1:
+		m, err := as.Migrate(base, pages)
+		require.NoError(t, err)
+		m.Release()
+	case 2:
+		require.NoError(t, as.Protect(base, pages*ps, false))
+	case 3:
+		require.NoError(t, as.Protect(base, pages*ps, true))
+	}
+}
+
+// raceCopies starts three goroutines that copy in, copy out and run
+// atomics on pieces of the pages pages from base in tab, faulting in what
+// they find missing (every fifth fault with FaultPopulate), until the
+// returned stop is called; stop returns the accesses that went through and
+// the faults refused with ErrFault. Any other fault error fails the test.
+func raceCopies(t *testing.T, tab *pagetable.ODP, base uint64, pages int) (stop func() (ok, refused int64)) {
+	var done atomic.Bool
+	var nOK, nRefused atomic.Int64
+	var wg sync.WaitGroup
+	for w := range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, ps+100)
+			for i := 0; !done.Load(); i++ {
+				off := uint64((i*977 + w*131) % (pages*ps - len(buf)))
+				var r pagetable.Result
+				switch i % 3 {
+				case 0:
+					_, r = tab.CopyIn(base+off, buf)
+				case 1:
+					_, r = tab.CopyOut(base+off, buf)
+				default:
+					_, r = tab.Atomic64(base+off&^7, func(p *uint64) uint64 { return atomic.AddUint64(p, 1) })
+				}
+				if r == pagetable.OK {
+					nOK.Add(1)
+					continue
+				}
+				fl := pagetable.FaultWrite
+				if i%3 == 1 {
+					fl = 0
+				}
+				if i%5 == 0 {
+					fl |= pagetable.FaultPopulate
+				}
+				if _, err := tab.Fault(base+off, uint64(len(buf)), fl); err != nil {
+					if !errors.Is(err, pagetable.ErrFault) {
+						t.Error(err)
+						return
+					}
+					nRefused.Add(1)
+				}
+			}
+		}()
+	}
+	return func() (int64, int64) {
+		done.Store(true)
+		wg.Wait()
+		return nOK.Load(), nRefused.Load()
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/softrdma/softrdma/hostmem"
 	"github.com/softrdma/softrdma/placement"
 	"github.com/softrdma/softrdma/stag"
 	"github.com/stretchr/testify/require"
@@ -67,4 +68,41 @@ func vmLckKB(t *testing.T) int {
 	}
 	t.Fatal("no VmLck")
 	return 0
+}
+
+// newODPEngine returns an engine over a new 16 MiB host address space and
+// an ODP MR (rw) of pd1 over a fresh allocation of pages pages, all torn
+// down at the end of the test (register further cleanups of the address
+// space after it: they run first).
+func newODPEngine(t *testing.T, pages int) (*hostmem.AddressSpace, *placement.Engine, []byte, *placement.MR) {
+	t.Helper()
+	as, err := hostmem.NewAddressSpace(hostmem.Config{Size: 16 << 20})
+	require.NoError(t, err)
+	e := placement.New(placement.Config{AddressSpace: as})
+	buf, err := as.Alloc(pages * 4096)
+	require.NoError(t, err)
+	mr, err := e.RegMR(pd1, buf, rw|stag.AccessOnDemand)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		require.NoError(t, e.DeregMR(mr))
+		require.NoError(t, as.Free(hostmem.AddrOf(buf), len(buf)))
+		require.NoError(t, as.Close())
+	})
+	return as, e, buf, mr
+}
+
+// placeFaulting places msg at mr's address + off as an inbound RDMA WRITE
+// does under the sync fault policy (Begin, Write, and on WouldFault
+// FaultCursor and Write again), and requires OK.
+func placeFaulting(t *testing.T, e *placement.Engine, mr *placement.MR, off uint64, msg []byte) {
+	t.Helper()
+	var c placement.Cursor
+	require.Equal(t, placement.OK, e.Begin(&c, pd1, mr.RKey(), mr.Addr()+off, uint64(len(msg)), stag.AccessRemoteWrite))
+	st := e.Write(&c, msg)
+	if st == placement.WouldFault {
+		require.Equal(t, placement.OK, e.FaultCursor(&c, uint64(len(msg))))
+		st = e.Write(&c, msg)
+	}
+	require.Equal(t, placement.OK, st)
+	e.End(&c)
 }

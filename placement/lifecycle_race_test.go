@@ -166,18 +166,7 @@ func TestSuspendDuringRereg(t *testing.T) {
 // to the MR's table), and the packet placed after the fault must not land
 // through the old registration.
 func TestFaultCursorDuringRereg(t *testing.T) {
-	as, err := hostmem.NewAddressSpace(hostmem.Config{Size: 16 << 20})
-	require.NoError(t, err)
-	e := placement.New(placement.Config{AddressSpace: as})
-	buf, err := as.Alloc(4 * 4096)
-	require.NoError(t, err)
-	mr, err := e.RegMR(pd1, buf, rw|stag.AccessOnDemand)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		require.NoError(t, e.DeregMR(mr))
-		require.NoError(t, as.Free(hostmem.AddrOf(buf), len(buf)))
-		require.NoError(t, as.Close())
-	})
+	_, e, buf, mr := newODPEngine(t, 4)
 	rd := e.NewReader()
 	defer rd.Close()
 	var c placement.Cursor

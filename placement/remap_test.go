@@ -223,18 +223,7 @@ func TestRemapODPUnalignedMRRecopiesDirtyPages(t *testing.T) {
 	})
 	msg := []byte("placed during the pre-copy")
 	off := uint64(4096 + 50)
-	write := func() {
-		t.Helper()
-		var c placement.Cursor
-		require.Equal(t, placement.OK, e.Begin(&c, pd1, mr.RKey(), mr.Addr()+off, uint64(len(msg)), stag.AccessRemoteWrite))
-		st := e.Write(&c, msg)
-		if st == placement.WouldFault {
-			require.Equal(t, placement.OK, e.FaultCursor(&c, uint64(len(msg))))
-			st = e.Write(&c, msg)
-		}
-		require.Equal(t, placement.OK, st)
-		e.End(&c)
-	}
+	write := func() { t.Helper(); placeFaulting(t, e, mr, off, msg) }
 	r, err := e.PrepareRemap(mr)
 	require.NoError(t, err)
 	write() // after the pre-copy: its page is dirty
@@ -288,33 +277,11 @@ func TestDeregMRDuringAbandonedRemap(t *testing.T) {
 // on writing the old frames its entries name once Release has given them
 // back: a WRITE after the remap reaches the application's memory.
 func TestRemapODPCommitWhoseMirrorCannotStart(t *testing.T) {
-	as, err := hostmem.NewAddressSpace(hostmem.Config{Size: 16 << 20})
-	require.NoError(t, err)
-	e := placement.New(placement.Config{AddressSpace: as})
-	buf, err := as.Alloc(2 * 4096)
-	require.NoError(t, err)
+	as, e, buf, mr := newODPEngine(t, 2)
 	other, err := as.Alloc(2 * 4096)
 	require.NoError(t, err)
-	mr, err := e.RegMR(pd1, buf, rw|stag.AccessOnDemand)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		require.NoError(t, e.DeregMR(mr))
-		require.NoError(t, as.Free(hostmem.AddrOf(buf), len(buf)))
-		require.NoError(t, as.Free(hostmem.AddrOf(other), len(other)))
-		require.NoError(t, as.Close())
-	})
-	write := func(off uint64, msg []byte) {
-		t.Helper()
-		var c placement.Cursor
-		require.Equal(t, placement.OK, e.Begin(&c, pd1, mr.RKey(), mr.Addr()+off, uint64(len(msg)), stag.AccessRemoteWrite))
-		st := e.Write(&c, msg)
-		if st == placement.WouldFault {
-			require.Equal(t, placement.OK, e.FaultCursor(&c, uint64(len(msg))))
-			st = e.Write(&c, msg)
-		}
-		require.Equal(t, placement.OK, st)
-		e.End(&c)
-	}
+	t.Cleanup(func() { require.NoError(t, as.Free(hostmem.AddrOf(other), len(other))) })
+	write := func(off uint64, msg []byte) { t.Helper(); placeFaulting(t, e, mr, off, msg) }
 	write(0, make([]byte, len(buf))) // both pages present
 	old, ok := as.FrameOf(hostmem.AddrOf(buf))
 	require.True(t, ok)
