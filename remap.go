@@ -142,11 +142,11 @@ type RemapReport struct {
 // the placements in flight waited for, the pages dirtied meanwhile copied
 // again — and resume; the held packets are replayed. The switch to the new
 // frames the critical section only prepares: the NIC writes every byte to
-// the old and the new frames from then on (an ODP MR's table through the
-// application's mapping and into the new frames), and after the resume
+// the old and the new frames from then on (an ODP MR's table into the
+// frames its entries name and into the new frames), and after the resume
 // the application's mapping switches (mmap MAP_FIXED onto the new frames),
-// then a pinned MR's table (which ends the double writes; an ODP MR's end
-// with the mapping's switch), the copies still writing the old frames are
+// then the NIC's table (which ends the double writes; an ODP MR's entries
+// are pointed at the new frames), the copies still writing the old frames are
 // waited for, and a pinned MR's linear mapping comes back (ViewSwitchUs). The application reads the old
 // frames until its mapping switches and the new ones after; both hold
 // every write completed before, so a write whose completion it has seen is
