@@ -232,11 +232,13 @@ func (m *Migration) CommitCopy(copyDirty func(m *Migration) error) error {
 }
 
 // CommitCopyKeeping is CommitCopy for a remap whose range an ODP table
-// (keep's notifier; nil: none) goes on writing through the application's
-// view between CommitCopy and SwitchView, copying every write to the new
-// frames as well (pagetable.ODP.StartMirror): the invalidation leaves keep
-// out (its count stays even, its Invalidate is not called), so that its
-// faults and copies do not wait for the view switch. The caller must have
+// (keep's notifier; nil: none) goes on writing between CommitCopy and
+// SwitchView, into the old frames its entries name and, as well, into the
+// new frames (pagetable.ODP.StartMirror), until it points its entries at
+// the new frames after SwitchView (pagetable.ODP.SwitchMirrored): the
+// invalidation leaves keep out (its count stays even, its Invalidate is
+// not called), so that its faults and copies do not wait for the view
+// switch. The caller must have
 // stopped keep's writes and waited for them before the call, since the
 // dirty copy needs them finished, and must keep the mirror until the view
 // has switched. Every other subscription of the range is invalidated as by
