@@ -170,6 +170,11 @@ func (c *benchScopesCmd) run(ctx context.Context, stdout, stderr io.Writer) int 
 	}
 	rs, err := scopes.Run(ctx, cfg)
 	if err != nil {
+		if ctx.Err() != nil && errors.Is(err, context.Canceled) {
+			// Ctrl-C or SIGTERM: "interrupted", as the other commands
+			// say, not "mr/hold: context canceled".
+			err = errors.New("interrupted")
+		}
 		fmt.Fprintf(stderr, "softrdma: bench scopes: %s\n", errText(err))
 		return exitFail
 	}

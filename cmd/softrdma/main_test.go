@@ -408,12 +408,17 @@ func TestDemoPcapWriteError(t *testing.T) {
 }
 
 // TestInterrupted: a run ended by Ctrl-C says "interrupted", not Go's
-// "context canceled"; an error that says more is kept.
+// "context canceled", also with a note after it; an error that says more
+// is kept.
 func TestInterrupted(t *testing.T) {
 	assert.Equal(t, "interrupted", interrupted(context.Canceled))
 	wrapped := fmt.Errorf("poll CQ: %w", context.Canceled)
 	assert.Equal(t, wrapped, interrupted(wrapped))
 	assert.Nil(t, interrupted(nil))
+	// A note after it is kept (a server interrupted with --out said
+	// "context canceled (--out out.bin was not written)").
+	noted := fmt.Errorf("%w (--out out.bin was not written)", context.Canceled)
+	assert.Equal(t, "interrupted (--out out.bin was not written)", interrupted(noted))
 }
 
 // TestErrText: the command's "softrdma: " prefix is not doubled by an
