@@ -63,6 +63,10 @@ func TestBenchScopesBadFlags(t *testing.T) {
 		{[]string{"--rnr-timer", "32"}, "--rnr-timer 32: 1-31"},
 		{[]string{"--settle=-1ms"}, "--settle -1ms: must be 0 or more"},
 		{[]string{"--scope", "foo"}, `--scope "foo": mr, qp-allowed, pd or device`},
+		// A scope or policy given twice ran its rows twice, labelled
+		// alike in the table, the CSV and the plot.
+		{[]string{"--scope", "mr,pd,mr"}, "--scope mr,pd,mr: mr given twice"},
+		{[]string{"--policy", "nak,nak"}, "--policy nak,nak: nak given twice"},
 		// A negative value is the flag's, refused naming the flag.
 		{[]string{"-D", "-1s"}, "-D/--duration -1s: must be positive"},
 		{[]string{"--duration=-1s"}, "-D/--duration -1s: must be positive"},
