@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/softrdma/softrdma"
 	"github.com/softrdma/softrdma/hostmem"
@@ -174,4 +175,15 @@ func TestNU13OpenRefusesNegativeODPBudget(t *testing.T) {
 		d.Close()
 	}
 	require.ErrorContains(t, err, "softrdma: open: ODPBudget -1: must not be negative (0: unlimited)")
+}
+
+// TestNU13ODPOnGoSliceSaysWhere: an ODP registration of a Go slice is
+// EINVAL (docs/odp.md) with a message that tells a new user where ODP
+// memory comes from, not only that the range is outside the address
+// space.
+func TestNU13ODPOnGoSliceSaysWhere(t *testing.T) {
+	p := softrdmatest.NewPair(t, softrdmatest.Options{NoPcap: true})
+	_, err := p.A.Dev.RegMR(p.A.PD, make([]byte, 4096), rw|softrdma.AccessOnDemand)
+	require.ErrorIs(t, err, unix.EINVAL)
+	require.ErrorContains(t, err, "ODP memory must be allocated from it (AddressSpace.Alloc; a Go slice is not)")
 }
