@@ -200,6 +200,12 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"read-bw", "--connect-timeout", "100000h", "h"}, "--connect-timeout 100000h0m0s: at most 24h0m0s"},
 		{[]string{"write-bw", "-R", "--connect-timeout", "25h", "h"}, "--connect-timeout 25h0m0s: at most 24h0m0s"},
 		{[]string{"write-bw", "--idle-timeout=-1s", "h"}, "--idle-timeout -1s: must not be negative"},
+		// --connect-timeout: 0 (one attempt) or at least 100 ms; 1ns
+		// failed every connection, saying the server's host was down.
+		{[]string{"write-bw", "--connect-timeout", "1ns", "h"}, "--connect-timeout 1ns: must be 0 (one attempt) or at least 100ms"},
+		{[]string{"rc-pingpong", "--connect-timeout", "99ms", "h"}, "rc-pingpong: --connect-timeout 99ms: must be 0 (one attempt) or at least 100ms"},
+		{[]string{"ud-pingpong", "--connect-timeout", "1us", "h"}, "ud-pingpong: --connect-timeout 1µs: must be 0 (one attempt) or at least 100ms"},
+		{[]string{"rping", "-c", "-a", "127.0.0.1", "--connect-timeout", "1ms"}, "rping: --connect-timeout 1ms: must be 0 (one attempt) or at least 100ms"},
 		{[]string{"send-lat", "--idle-timeout", "100000h"}, "--idle-timeout 100000h0m0s: at most 24h0m0s"},
 		{[]string{"write-bw", "--idle-timeout", "1ms", "h"}, "--idle-timeout 1ms: must be 0 (wait for ever) or at least 100ms"},
 		{[]string{"read-lat", "--idle-timeout", "1ns"}, "--idle-timeout 1ns: must be 0 (wait for ever) or at least 100ms"},
