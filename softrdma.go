@@ -58,7 +58,7 @@ type Config struct {
 	AddressSpace *hostmem.AddressSpace
 	// ODPBudget bounds the bytes the device's ODP MRs hold present at
 	// once; over it the least recently used pages are evicted (0:
-	// unlimited). See pagetable.Budget.
+	// unlimited; negative: Open fails). See pagetable.Budget.
 	ODPBudget int64
 	// FaultPolicy is how the responder meets a page fault on an ODP MR
 	// (FaultSync, the default, or FaultRNR).
@@ -117,6 +117,9 @@ func Open(cfg Config) (*Device, error) {
 	}
 	if cfg.FaultPolicy > FaultRNR {
 		return nil, fmt.Errorf("softrdma: open: unknown fault policy %d", cfg.FaultPolicy)
+	}
+	if cfg.ODPBudget < 0 {
+		return nil, fmt.Errorf("softrdma: open: ODPBudget %d: must not be negative (0: unlimited)", cfg.ODPBudget)
 	}
 	c := cfg.Conn
 	if c != nil {

@@ -188,7 +188,7 @@ func NewODP(as *hostmem.AddressSpace, iova, length uint64, writable bool, budget
 	}
 	b := as.Bounds()
 	if iova < b.Start || length > b.Len() || iova-b.Start > b.Len()-length {
-		return nil, fmt.Errorf("pagetable: region [%#x, +%d) is outside the host address space %v", iova, length, b)
+		return nil, fmt.Errorf("pagetable: region [%#x, +%d) is outside the host address space %v: ODP memory must be allocated from it (AddressSpace.Alloc; a Go slice is not)", iova, length, b)
 	}
 	start := iova &^ pageMask
 	end := (iova + length + pageMask) &^ pageMask

@@ -439,8 +439,12 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 			return nil, fmt.Errorf("scopes: %s/%v: %w", row.label, row.policy, err)
 		}
 		r := b.result(row, m)
-		logf("scopes: %s/%s: %d remaps, critical p50 %.1f µs p99 %.1f µs, untouched %.3f× (cycles %.3f–%.3f), QPs paused %.2f",
-			r.Scope, r.Policy, r.Remaps, r.CriticalP50Us, r.CriticalP99Us, float64(r.Untouched), r.RatioP25, r.RatioP75, r.QPsPausedMean)
+		untouched := "-" // every QP writes MR 0, as in the table
+		if !math.IsNaN(float64(r.Untouched)) {
+			untouched = fmt.Sprintf("%.3f× (cycles %.3f–%.3f)", float64(r.Untouched), r.RatioP25, r.RatioP75)
+		}
+		logf("scopes: %s/%s: %d remaps, critical p50 %.1f µs p99 %.1f µs, untouched %s, QPs paused %.2f",
+			r.Scope, r.Policy, r.Remaps, r.CriticalP50Us, r.CriticalP99Us, untouched, r.QPsPausedMean)
 		out = append(out, r)
 	}
 	if err := stopTraffic(); err != nil {

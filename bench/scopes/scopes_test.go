@@ -144,6 +144,8 @@ func TestRunEveryQPTouches(t *testing.T) {
 	cfg.QPs, cfg.MRs, cfg.PDs = 2, 1, 1
 	cfg.Scopes = []softrdma.Scope{softrdma.ScopeMR}
 	cfg.Policies = []softrdma.PausePolicy{softrdma.PolicyHold}
+	var log strings.Builder
+	cfg.Logf = func(format string, args ...any) { fmt.Fprintf(&log, format+"\n", args...) }
 	rs, err := scopes.Run(t.Context(), cfg)
 	require.NoError(t, err)
 	require.Len(t, rs, 1)
@@ -162,6 +164,10 @@ func TestRunEveryQPTouches(t *testing.T) {
 	require.Contains(t, tab.String(), "target ≥ 0.95×: n/a, no QP leaves MR 0 untouched")
 	require.Contains(t, tab.String(), "targets, mr scope, hold: untouched QPs - (target")
 	require.NotContains(t, tab.String(), "NaN")
+	// The progress line says "-" too (it said "untouched NaN× (cycles
+	// 0.000–0.000)").
+	require.Contains(t, log.String(), ", untouched -, QPs paused ")
+	require.NotContains(t, log.String(), "NaN")
 }
 
 // TestRunNetns runs the experiment across two network namespaces joined

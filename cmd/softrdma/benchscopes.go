@@ -70,6 +70,9 @@ func (c *benchScopesCmd) config() (scopes.Config, error) {
 		if err != nil {
 			return cfg, fmt.Errorf("--scope %q: mr, qp-allowed, pd or device", s)
 		}
+		if slices.Contains(cfg.Scopes, sc) { // it would run the row twice
+			return cfg, fmt.Errorf("--scope %s: %s given twice", strings.Join(c.Scope, ","), s)
+		}
 		cfg.Scopes = append(cfg.Scopes, sc)
 	}
 	for _, s := range c.Policy {
@@ -77,6 +80,9 @@ func (c *benchScopesCmd) config() (scopes.Config, error) {
 			return cfg, fmt.Errorf("--policy %q: hold or nak", s)
 		}
 		p, _ := softrdma.ParsePausePolicy(s)
+		if slices.Contains(cfg.Policies, p) {
+			return cfg, fmt.Errorf("--policy %s: %s given twice", strings.Join(c.Policy, ","), s)
+		}
 		cfg.Policies = append(cfg.Policies, p)
 	}
 	if c.Settle < 0 {
@@ -170,6 +176,11 @@ func (c *benchScopesCmd) run(ctx context.Context, stdout, stderr io.Writer) int 
 	}
 	rs, err := scopes.Run(ctx, cfg)
 	if err != nil {
+		if ctx.Err() != nil && errors.Is(err, context.Canceled) {
+			// Ctrl-C or SIGTERM: "interrupted", as the other commands
+			// say, not "mr/hold: context canceled".
+			err = errors.New("interrupted")
+		}
 		fmt.Fprintf(stderr, "softrdma: bench scopes: %s\n", errText(err))
 		return exitFail
 	}

@@ -124,6 +124,18 @@ func checkTimeout(flag string, d time.Duration) error {
 // host) and blames the peer, as -D's minimum does for durations.
 const minIdleTimeout = pingpong.MinIdleTimeout // the same bound for every tool
 
+// checkConnectTimeout is checkTimeout for --connect-timeout: 0 (one
+// attempt) or at least minIdleTimeout. A shorter limit fails before the
+// connection can complete, even to a server that is listening, and the
+// message then blamed the server's host or a firewall ("no answer ...
+// within --connect-timeout 1ns").
+func checkConnectTimeout(d time.Duration) error {
+	if d > 0 && d < minIdleTimeout {
+		return fmt.Errorf("--connect-timeout %v: must be 0 (one attempt) or at least %v", d, minIdleTimeout)
+	}
+	return checkTimeout("--connect-timeout", d)
+}
+
 // checkIdleTimeout is checkTimeout for --idle-timeout: 0 (wait for ever)
 // or at least minIdleTimeout.
 func checkIdleTimeout(flag string, d time.Duration) error {
@@ -151,7 +163,7 @@ func (c *toolCmd) options(test perf.Test) (*perf.Options, error) {
 	if c.Inline < -1 {
 		return nil, fmt.Errorf("--inline_size %d (-I): must be 0 to 1024", c.Inline)
 	}
-	if err := checkTimeout("--connect-timeout", c.ConnectTimeout); err != nil {
+	if err := checkConnectTimeout(c.ConnectTimeout); err != nil {
 		return nil, err
 	}
 	if err := checkIdleTimeout("--idle-timeout", c.IdleTimeout); err != nil {

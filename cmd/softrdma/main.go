@@ -49,10 +49,14 @@ func main() {
 
 // interrupted says "interrupted" for an error that only says the run was
 // cancelled (Ctrl-C or SIGTERM cancels the commands' context), instead of
-// Go's "context canceled"; other errors are returned as they are.
+// Go's "context canceled", keeping a note in parentheses after it ("(--out
+// FILE was not written)"); other errors are returned as they are.
 func interrupted(err error) any {
-	if err != nil && err.Error() == context.Canceled.Error() {
-		return "interrupted"
+	if err == nil {
+		return err
+	}
+	if note, ok := strings.CutPrefix(err.Error(), context.Canceled.Error()); ok && (note == "" || strings.HasPrefix(note, " (")) {
+		return "interrupted" + note
 	}
 	return err
 }

@@ -200,6 +200,12 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"read-bw", "--connect-timeout", "100000h", "h"}, "--connect-timeout 100000h0m0s: at most 24h0m0s"},
 		{[]string{"write-bw", "-R", "--connect-timeout", "25h", "h"}, "--connect-timeout 25h0m0s: at most 24h0m0s"},
 		{[]string{"write-bw", "--idle-timeout=-1s", "h"}, "--idle-timeout -1s: must not be negative"},
+		// --connect-timeout: 0 (one attempt) or at least 100 ms; 1ns
+		// failed every connection, saying the server's host was down.
+		{[]string{"write-bw", "--connect-timeout", "1ns", "h"}, "--connect-timeout 1ns: must be 0 (one attempt) or at least 100ms"},
+		{[]string{"rc-pingpong", "--connect-timeout", "99ms", "h"}, "rc-pingpong: --connect-timeout 99ms: must be 0 (one attempt) or at least 100ms"},
+		{[]string{"ud-pingpong", "--connect-timeout", "1us", "h"}, "ud-pingpong: --connect-timeout 1µs: must be 0 (one attempt) or at least 100ms"},
+		{[]string{"rping", "-c", "-a", "127.0.0.1", "--connect-timeout", "1ms"}, "rping: --connect-timeout 1ms: must be 0 (one attempt) or at least 100ms"},
 		{[]string{"send-lat", "--idle-timeout", "100000h"}, "--idle-timeout 100000h0m0s: at most 24h0m0s"},
 		{[]string{"write-bw", "--idle-timeout", "1ms", "h"}, "--idle-timeout 1ms: must be 0 (wait for ever) or at least 100ms"},
 		{[]string{"read-lat", "--idle-timeout", "1ns"}, "--idle-timeout 1ns: must be 0 (wait for ever) or at least 100ms"},
@@ -408,12 +414,17 @@ func TestDemoPcapWriteError(t *testing.T) {
 }
 
 // TestInterrupted: a run ended by Ctrl-C says "interrupted", not Go's
-// "context canceled"; an error that says more is kept.
+// "context canceled", also with a note after it; an error that says more
+// is kept.
 func TestInterrupted(t *testing.T) {
 	assert.Equal(t, "interrupted", interrupted(context.Canceled))
 	wrapped := fmt.Errorf("poll CQ: %w", context.Canceled)
 	assert.Equal(t, wrapped, interrupted(wrapped))
 	assert.Nil(t, interrupted(nil))
+	// A note after it is kept (a server interrupted with --out said
+	// "context canceled (--out out.bin was not written)").
+	noted := fmt.Errorf("%w (--out out.bin was not written)", context.Canceled)
+	assert.Equal(t, "interrupted (--out out.bin was not written)", interrupted(noted))
 }
 
 // TestErrText: the command's "softrdma: " prefix is not doubled by an

@@ -59,7 +59,7 @@ func (c *pingCmd) runAs(ctx context.Context, stdout, stderr io.Writer, name stri
 		fmt.Fprintf(stderr, "softrdma: %s: -p 0: not a TCP port (1 to 65535; default %d)\n", name, pingpong.DefaultPort)
 		return exitUsage
 	}
-	if err := cmp.Or(checkTimeout("--connect-timeout", c.ConnectTimeout),
+	if err := cmp.Or(checkConnectTimeout(c.ConnectTimeout),
 		checkTimeout("--idle-timeout", c.IdleTimeout), checkPcap(c.Pcap)); err != nil {
 		fmt.Fprintf(stderr, "softrdma: %s: %v\n", name, err)
 		return exitUsage

@@ -54,7 +54,7 @@ func (c *rpingCmd) run(ctx context.Context, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "softrdma: rping: --roce-port %d: not a UDP port (1 to 65535; default 4791)\n", *c.RoCEPort)
 		return exitUsage
 	}
-	if err := cmp.Or(checkTimeout("--timeout", c.Timeout), checkTimeout("--connect-timeout", c.ConnectTimeout),
+	if err := cmp.Or(checkTimeout("--timeout", c.Timeout), checkConnectTimeout(c.ConnectTimeout),
 		checkIdleTimeout("--idle-timeout", c.IdleTimeout), checkPcap(c.Pcap)); err != nil {
 		fmt.Fprintf(stderr, "softrdma: rping: %v\n", err)
 		return exitUsage

@@ -55,7 +55,7 @@ func (c *udPingCmd) run(ctx context.Context, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "softrdma: %s: -p 0: not a TCP port (1 to 65535; default %d)\n", name, pingpong.DefaultPort)
 		return exitUsage
 	}
-	if err := cmp.Or(checkTimeout("--connect-timeout", c.ConnectTimeout),
+	if err := cmp.Or(checkConnectTimeout(c.ConnectTimeout),
 		checkTimeout("--idle-timeout", c.IdleTimeout), checkPcap(c.Pcap)); err != nil {
 		fmt.Fprintf(stderr, "softrdma: %s: %v\n", name, err)
 		return exitUsage
