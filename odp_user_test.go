@@ -15,13 +15,13 @@ import (
 	"github.com/softrdma/softrdma/softrdmatest"
 )
 
-// TestNU13ODPRemapBothSidesEveryByte: a new user's check of ODP copies
+// TestODPRemapBothSidesEveryByte: a check, as a user makes it, of ODP copies
 // through the NIC's view. A READs B's ODP MR into its own ODP MR while
 // both MRs are remapped; between rounds B's application rewrites its
 // buffer through its own mapping. Every READ returns what B's
 // application last wrote, and A's application reads every byte the
 // READ responses placed, whatever frames the pages moved to.
-func TestNU13ODPRemapBothSidesEveryByte(t *testing.T) {
+func TestODPRemapBothSidesEveryByte(t *testing.T) {
 	odpPolicies(t, func(t *testing.T, o softrdmatest.Options) {
 		p := softrdmatest.NewPair(t, o)
 		const size = 16 * pageSize
@@ -68,10 +68,10 @@ func TestNU13ODPRemapBothSidesEveryByte(t *testing.T) {
 	})
 }
 
-// TestNU13ImplicitODPFreeAndReallocate: WRITEs through an implicit ODP
+// TestImplicitODPFreeAndReallocate: WRITEs through an implicit ODP
 // MR land in the frames the application sees, also after the range was
 // freed and allocated again (new frames, the old entries invalidated).
-func TestNU13ImplicitODPFreeAndReallocate(t *testing.T) {
+func TestImplicitODPFreeAndReallocate(t *testing.T) {
 	odpPolicies(t, func(t *testing.T, o softrdmatest.Options) {
 		p := softrdmatest.NewPair(t, o)
 		as := mustAS(t, p.B)
@@ -96,11 +96,11 @@ func TestNU13ImplicitODPFreeAndReallocate(t *testing.T) {
 	})
 }
 
-// TestNU13ODPRemapUnderBudget: WRITEs stream into an ODP MR twice the
+// TestODPRemapUnderBudget: WRITEs stream into an ODP MR twice the
 // size of the device's page budget, so that faults evict pages while the
 // MR is remapped; atomics on the same MR run too. After the last
 // completion the application reads exactly what was written.
-func TestNU13ODPRemapUnderBudget(t *testing.T) {
+func TestODPRemapUnderBudget(t *testing.T) {
 	odpPolicies(t, func(t *testing.T, o softrdmatest.Options) {
 		o.ODPBudget = 16 * pageSize
 		p := softrdmatest.NewPair(t, o)
@@ -164,11 +164,11 @@ func TestNU13ODPRemapUnderBudget(t *testing.T) {
 	})
 }
 
-// TestNU13OpenRefusesNegativeODPBudget: a negative Config.ODPBudget is
+// TestOpenRefusesNegativeODPBudget: a negative Config.ODPBudget is
 // refused by Open, as the CLI refuses `--odp-budget -1`, instead of
 // opening a device whose budget reports a limit of -1 pages and limits
 // nothing.
-func TestNU13OpenRefusesNegativeODPBudget(t *testing.T) {
+func TestOpenRefusesNegativeODPBudget(t *testing.T) {
 	d, err := softrdma.Open(softrdma.Config{Addr: netip.MustParseAddrPort("127.0.0.1:0"), ODPBudget: -1})
 	if err == nil {
 		t.Logf("budget limit %d pages", d.ODPBudget().Limit())
@@ -177,11 +177,11 @@ func TestNU13OpenRefusesNegativeODPBudget(t *testing.T) {
 	require.ErrorContains(t, err, "softrdma: open: ODPBudget -1: must not be negative (0: unlimited)")
 }
 
-// TestNU13ODPOnGoSliceSaysWhere: an ODP registration of a Go slice is
+// TestODPOnGoSliceSaysWhere: an ODP registration of a Go slice is
 // EINVAL (docs/odp.md) with a message that tells a new user where ODP
 // memory comes from, not only that the range is outside the address
 // space.
-func TestNU13ODPOnGoSliceSaysWhere(t *testing.T) {
+func TestODPOnGoSliceSaysWhere(t *testing.T) {
 	p := softrdmatest.NewPair(t, softrdmatest.Options{NoPcap: true})
 	_, err := p.A.Dev.RegMR(p.A.PD, make([]byte, 4096), rw|softrdma.AccessOnDemand)
 	require.ErrorIs(t, err, unix.EINVAL)
