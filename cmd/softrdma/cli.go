@@ -62,7 +62,7 @@ type toolCmd struct {
 	Bind        string   `placeholder:"IP[:PORT]" help:"RoCEv2 address of this side's device. Default: the IP that reaches the peer; UDP port 4791 on the server, any on the client."`
 	SourcePort  sport    `name:"sport" placeholder:"spread|bind|PORT" help:"${sport_help}"`
 	ODP         bool     `short:"o" name:"odp" help:"Register this side's buffer on demand (IBV_ACCESS_ON_DEMAND) on memory of the device's address space instead of pinning it (perftest --odp)."`
-	IODP        bool     `short:"O" name:"iodp" help:"Reach this side's buffer through an implicit ODP MR over the whole address space (ibv_rc_pingpong -O)."`
+	IODP        bool     `short:"O" name:"iodp" help:"Reach this side's buffer through an implicit ODP MR over the whole address space (ibv_rc_pingpong -O); implies --odp."`
 	Prefetch    bool     `short:"P" name:"prefetch" help:"Make the ODP buffer present before the run: ibv_advise_mr PREFETCH_WRITE with FLUSH (ibv_rc_pingpong -P). Needs --odp or --iodp."`
 	ODPBudget   byteSize `name:"odp-budget" placeholder:"BYTES" help:"Most bytes this device's ODP MRs hold present at once; over it the least recently used pages are evicted (default: unlimited)."`
 	FaultPolicy string   `name:"fault-policy" placeholder:"sync|rnr" help:"How this side, as responder, meets a page fault on its ODP buffer: sync (resolve inline, as rxe; the default) or rnr (RNR NAK and fault in the background, as mlx5)."`
