@@ -175,6 +175,23 @@ func TestOpenRefusesNegativeODPBudget(t *testing.T) {
 		d.Close()
 	}
 	require.ErrorContains(t, err, "softrdma: open: ODPBudget -1: must not be negative (0: unlimited)")
+	require.ErrorIs(t, err, unix.EINVAL)
+}
+
+// Open's refusals of an invalid Config are EINVAL, as ibv_open_device's
+// and the verbs' invalid arguments are, so that errors.Is finds them.
+func TestOpenInvalidConfigIsEINVAL(t *testing.T) {
+	addr := netip.MustParseAddrPort("127.0.0.1:0")
+	for _, cfg := range []softrdma.Config{
+		{Addr: addr, Profile: "t9"},
+		{Addr: addr, FaultPolicy: softrdma.FaultRNR + 1},
+	} {
+		d, err := softrdma.Open(cfg)
+		if err == nil {
+			d.Close()
+		}
+		require.ErrorIs(t, err, unix.EINVAL, "%+v", cfg)
+	}
 }
 
 // TestODPOnGoSliceSaysWhere: an ODP registration of a Go slice is

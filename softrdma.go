@@ -110,16 +110,17 @@ type Device struct {
 }
 
 // Open creates a device bound to cfg.Addr (ibv_open_device). Errors: the
-// address cannot be bound, or cfg is invalid.
+// address cannot be bound; cfg is invalid (an unknown profile or fault
+// policy, a negative ODPBudget), which wraps EINVAL (placement.ErrInvalid).
 func Open(cfg Config) (*Device, error) {
 	if !cfg.Profile.valid() {
-		return nil, fmt.Errorf("softrdma: open: unknown profile %q (odp, t3, coarse)", cfg.Profile)
+		return nil, fmt.Errorf("softrdma: open: unknown profile %q (odp, t3, coarse): %w", cfg.Profile, placement.ErrInvalid)
 	}
 	if cfg.FaultPolicy > FaultRNR {
-		return nil, fmt.Errorf("softrdma: open: unknown fault policy %d", cfg.FaultPolicy)
+		return nil, fmt.Errorf("softrdma: open: unknown fault policy %d: %w", cfg.FaultPolicy, placement.ErrInvalid)
 	}
 	if cfg.ODPBudget < 0 {
-		return nil, fmt.Errorf("softrdma: open: ODPBudget %d: must not be negative (0: unlimited)", cfg.ODPBudget)
+		return nil, fmt.Errorf("softrdma: open: ODPBudget %d: must not be negative (0: unlimited): %w", cfg.ODPBudget, placement.ErrInvalid)
 	}
 	c := cfg.Conn
 	if c != nil {
