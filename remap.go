@@ -208,7 +208,8 @@ func (d *Device) Remap(mr *MR, scope Scope, policy PausePolicy) (RemapReport, er
 
 // RemapRange remaps the MR that covers [addr, addr+length) (Remap of the
 // whole MR). Errors: an empty range (length 0: it names no page; EINVAL),
-// no MR of the device covers the range (EINVAL), more than one does
+// no MR of the device covers the whole range (EINVAL; one that covers
+// part of it is not chosen), more than one does
 // (EINVAL: remap each), and those of Remap.
 func (d *Device) RemapRange(addr, length uint64, scope Scope, policy PausePolicy) (RemapReport, error) {
 	if length == 0 {
@@ -217,7 +218,7 @@ func (d *Device) RemapRange(addr, length uint64, scope Scope, policy PausePolicy
 	mrs := d.place.MRsCovering(addr, length)
 	switch len(mrs) {
 	case 0:
-		return RemapReport{}, fmt.Errorf("softrdma: remap [%#x, +%d): no MR covers the range: %w", addr, length, placement.ErrInvalid)
+		return RemapReport{}, fmt.Errorf("softrdma: remap [%#x, +%d): no MR covers the whole range: %w", addr, length, placement.ErrInvalid)
 	case 1:
 		return d.Remap(mrs[0], scope, policy)
 	}
