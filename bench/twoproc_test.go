@@ -293,10 +293,10 @@ func rawBurst(b *testing.B, h *helper, tx *conn.UDPConn, pkts []conn.Packet, byt
 // monotonic reading, which counts from the process's start, it is
 // comparable between processes. It costs no system call: it adds Go's
 // monotonic clock (CLOCK_MONOTONIC read through the vDSO) to an offset
-// taken once (monoBase). The raw receiver calls it after every batch; with
-// a clock_gettime(2) system call there (1 µs on this VM) the raw pair's
-// receiver spent about a sixth of its CPU on the clock, and the raw
-// pair's goodput, the benchmark's baseline, was the lower for it.
+// taken once (monoBase). The raw receiver calls it after every batch; as
+// a clock_gettime(2) system call there (1 µs on this VM) it took 8.5 % of
+// the child's CPU samples (raw and softrdma phases together), work the
+// baseline's receiver did and softrdma's does not.
 func monotonic() int64 { return monoBase.ns + int64(time.Since(monoBase.at)) }
 
 // monoBase pairs a CLOCK_MONOTONIC reading with Go's clock: at is read
