@@ -58,6 +58,33 @@ DATA crcBarrett<>+0(SB)/8, $0x00000001db710641
 DATA crcBarrett<>+8(SB)/8, $0x00000001f7011641
 GLOBL crcBarrett<>(SB), RODATA|NOPTR, $16
 
+// REDUCE128 reduces the 128-bit remainder in X1 to the 32-bit CRC register
+// in AX; it clobbers X0, X2 and X5-X8. X1 = H (low half) : L (high half).
+//  1. Z1 = H*x^96 + L*x^32: the product of the low halves, XOR L moved up
+//     4 bytes (into bits 32..95); bits 0..31 clear.
+//  2. Z2 = G*x^64 + M: Z1's low half times x^63's constant (the high half
+//     of X0), XOR Z1; T = Z2's high half, moved to the low half.
+//  3. Barrett: q = low 32 bits of T1*mu, T1 the low 32 bits of T; the CRC
+//     is bits 32..63 of T XOR q*P.
+#define REDUCE128 \
+	VMOVDQU    crcKReduce<>(SB), X0 \
+	VPCLMULQDQ $0x00, X0, X1, X5 \
+	VPSRLDQ    $8, X1, X2 \
+	VPSLLDQ    $4, X2, X2 \
+	VPXOR      X2, X5, X5 \
+	VPCLMULQDQ $0x10, X0, X5, X6 \
+	VPXOR      X5, X6, X6 \
+	VPSRLDQ    $8, X6, X6 \
+	VMOVDQU    crcBarrett<>(SB), X0 \
+	VPXOR      X7, X7, X7 \
+	VPBLENDD   $1, X6, X7, X7 \
+	VPCLMULQDQ $0x10, X0, X7, X7 \
+	VPXOR      X8, X8, X8 \
+	VPBLENDD   $1, X7, X8, X8 \
+	VPCLMULQDQ $0x00, X0, X8, X8 \
+	VPXOR      X6, X8, X8 \
+	VPEXTRD    $1, X8, AX
+
 // func crc32VPCLMUL(crc uint32, p []byte) uint32
 //
 // crc is the CRC register before the final inversion (^crc32.Update's
@@ -182,31 +209,7 @@ loop16:
 	JMP        loop16
 
 reduce:
-	// X1 = H (low half) : L (high half). Z1 = H*x^96 + L*x^32: the product
-	// of the low halves, XOR L moved up 4 bytes (into bits 32..95).
-	VMOVDQU    crcKReduce<>(SB), X0
-	VPCLMULQDQ $0x00, X0, X1, X5
-	VPSRLDQ    $8, X1, X2          // L in the low half
-	VPSLLDQ    $4, X2, X2          // L in bits 32..95
-	VPXOR      X2, X5, X5          // Z1, bits 0..31 clear
-
-	// Z2 = G*x^64 + M: Z1's low half times x^63's constant (the high
-	// half of X0), XOR Z1; the result is the high half.
-	VPCLMULQDQ $0x10, X0, X5, X6   // X5 low half * X0 high half
-	VPXOR      X5, X6, X6
-	VPSRLDQ    $8, X6, X6          // T = Z2 in the low half
-
-	// Barrett: q = low 32 bits of T1*mu, T1 the low 32 bits of T; the CRC
-	// is bits 32..63 of T XOR q*P.
-	VMOVDQU    crcBarrett<>(SB), X0
-	VPXOR      X7, X7, X7
-	VPBLENDD   $1, X6, X7, X7      // T1: dword 0 of T, zero elsewhere
-	VPCLMULQDQ $0x10, X0, X7, X7   // T1 * mu
-	VPXOR      X8, X8, X8
-	VPBLENDD   $1, X7, X8, X8      // q
-	VPCLMULQDQ $0x00, X0, X8, X8   // q * P
-	VPXOR      X6, X8, X8
-	VPEXTRD    $1, X8, AX
+	REDUCE128
 
 	VZEROUPPER
 
@@ -360,31 +363,7 @@ loop16:
 	JMP        loop16
 
 reduce:
-	// X1 = H (low half) : L (high half). Z1 = H*x^96 + L*x^32: the product
-	// of the low halves, XOR L moved up 4 bytes (into bits 32..95).
-	VMOVDQU    crcKReduce<>(SB), X0
-	VPCLMULQDQ $0x00, X0, X1, X5
-	VPSRLDQ    $8, X1, X2          // L in the low half
-	VPSLLDQ    $4, X2, X2          // L in bits 32..95
-	VPXOR      X2, X5, X5          // Z1, bits 0..31 clear
-
-	// Z2 = G*x^64 + M: Z1's low half times x^63's constant (the high
-	// half of X0), XOR Z1; the result is the high half.
-	VPCLMULQDQ $0x10, X0, X5, X6   // X5 low half * X0 high half
-	VPXOR      X5, X6, X6
-	VPSRLDQ    $8, X6, X6          // T = Z2 in the low half
-
-	// Barrett: q = low 32 bits of T1*mu, T1 the low 32 bits of T; the CRC
-	// is bits 32..63 of T XOR q*P.
-	VMOVDQU    crcBarrett<>(SB), X0
-	VPXOR      X7, X7, X7
-	VPBLENDD   $1, X6, X7, X7      // T1: dword 0 of T, zero elsewhere
-	VPCLMULQDQ $0x10, X0, X7, X7   // T1 * mu
-	VPXOR      X8, X8, X8
-	VPBLENDD   $1, X7, X8, X8      // q
-	VPCLMULQDQ $0x00, X0, X8, X8   // q * P
-	VPXOR      X6, X8, X8
-	VPEXTRD    $1, X8, AX
+	REDUCE128
 
 	VZEROUPPER
 
@@ -505,24 +484,7 @@ reduce2:
 	VPXOR      X5, X1, X1
 
 reduce:
-	// As in crc32VPCLMUL: 128 -> 64 bits, then Barrett to 32.
-	VMOVDQU    crcKReduce<>(SB), X0
-	VPCLMULQDQ $0x00, X0, X1, X5
-	VPSRLDQ    $8, X1, X2
-	VPSLLDQ    $4, X2, X2
-	VPXOR      X2, X5, X5
-	VPCLMULQDQ $0x10, X0, X5, X6
-	VPXOR      X5, X6, X6
-	VPSRLDQ    $8, X6, X6
-	VMOVDQU    crcBarrett<>(SB), X0
-	VPXOR      X7, X7, X7
-	VPBLENDD   $1, X6, X7, X7
-	VPCLMULQDQ $0x10, X0, X7, X7
-	VPXOR      X8, X8, X8
-	VPBLENDD   $1, X7, X8, X8
-	VPCLMULQDQ $0x00, X0, X8, X8
-	VPXOR      X6, X8, X8
-	VPEXTRD    $1, X8, AX
+	REDUCE128
 
 	VZEROUPPER
 
@@ -661,24 +623,7 @@ reduce2:
 	VPXOR      X5, X1, X1
 
 reduce:
-	// As in crc32VPCLMUL: 128 -> 64 bits, then Barrett to 32.
-	VMOVDQU    crcKReduce<>(SB), X0
-	VPCLMULQDQ $0x00, X0, X1, X5
-	VPSRLDQ    $8, X1, X2
-	VPSLLDQ    $4, X2, X2
-	VPXOR      X2, X5, X5
-	VPCLMULQDQ $0x10, X0, X5, X6
-	VPXOR      X5, X6, X6
-	VPSRLDQ    $8, X6, X6
-	VMOVDQU    crcBarrett<>(SB), X0
-	VPXOR      X7, X7, X7
-	VPBLENDD   $1, X6, X7, X7
-	VPCLMULQDQ $0x10, X0, X7, X7
-	VPXOR      X8, X8, X8
-	VPBLENDD   $1, X7, X8, X8
-	VPCLMULQDQ $0x00, X0, X8, X8
-	VPXOR      X6, X8, X8
-	VPEXTRD    $1, X8, AX
+	REDUCE128
 
 	VZEROUPPER
 
