@@ -42,9 +42,21 @@ import (
 // child's last arrival (CLOCK_MONOTONIC is shared by both processes), so
 // it is timed the way softrdma's MB/s is: first post to last completion.
 //
+// A second baseline, framed UDP, sends the same sockets the datagrams
+// an RDMA WRITE of size bytes is made of at MTU 4096 (framedPackets:
+// FIRST with its RETH, MIDDLEs, LAST, or one ONLY), with no engine behind
+// them. A UDP GSO buffer holds segments of one size, the last may be
+// shorter, so the FIRST's 16 bytes of RETH split each message into two
+// GSO sends where the raw baseline's equal datagrams need about one; the
+// per-send work of the kernel is a large share of this host's cost
+// (docs/performance.md, "write-bw against raw UDP, re-measured"). Raw ÷
+// framed is what the packet format costs; softrdma ÷ framed is what the
+// engine costs on top of its format.
+//
 // Metrics: MB/s (softrdma), raw-udp-MB/s, ratio-vs-raw-udp (softrdma ÷
 // raw; the target is ≥ 0.8 at 64 KiB), raw-udp-loss-% (the raw
 // sender has no flow control; lost datagrams do not count as goodput),
+// framed-udp-MB/s, framed-udp-loss-% and ratio-vs-framed-udp likewise,
 // and the metrics of BenchmarkWriteBW for the parent's device. The ratio
 // means something only for runs of some length: use -benchtime 1s or
 // more, not the 1x smoke test.
@@ -94,8 +106,13 @@ func BenchmarkWriteBWTwoProcess(b *testing.B) {
 				b.Logf("UDP GSO is not available: the raw baseline sends one datagram per message")
 			}
 			pkts := rawPackets(srv.raw, conn.IdealBatchSize)
+			framed := framedPackets(srv.raw, size, conn.IdealBatchSize)
 			rawBytes := max(int64(b.N)*int64(size), rawMinBytes)
+			// The two baselines run on either side of the timed part, in
+			// mirrored order, so that a drift of the host's speed moves
+			// both means alike.
 			before := rawBurst(b, srv, raw, pkts, rawBytes)
+			framedBefore := rawBurst(b, srv, raw, framed, rawBytes)
 
 			wr := softrdma.SendWR{Opcode: softrdma.WRRDMAWrite, Flags: softrdma.SendSignaled,
 				SGL:        []softrdma.SGE{{Addr: src.Addr(), Length: uint32(size), LKey: src.LKey()}},
@@ -103,12 +120,19 @@ func BenchmarkWriteBWTwoProcess(b *testing.B) {
 			runBW(b, ctx, qp, cq, wr, size, &traffic{req: dev, dataTx: dev})
 			mbs := float64(b.N) * float64(size) / b.Elapsed().Seconds() / 1e6
 
+			framedAfter := rawBurst(b, srv, raw, framed, rawBytes)
 			after := rawBurst(b, srv, raw, pkts, rawBytes)
 			rawMBs := (before.mbs + after.mbs) / 2
 			b.ReportMetric(rawMBs, "raw-udp-MB/s")
 			b.ReportMetric((before.loss+after.loss)/2, "raw-udp-loss-%")
 			if rawMBs > 0 {
 				b.ReportMetric(mbs/rawMBs, "ratio-vs-raw-udp")
+			}
+			framedMBs := (framedBefore.mbs + framedAfter.mbs) / 2
+			b.ReportMetric(framedMBs, "framed-udp-MB/s")
+			b.ReportMetric((framedBefore.loss+framedAfter.loss)/2, "framed-udp-loss-%")
+			if framedMBs > 0 {
+				b.ReportMetric(mbs/framedMBs, "ratio-vs-framed-udp")
 			}
 		})
 	}
@@ -259,23 +283,70 @@ func rawPackets(dst netip.AddrPort, n int) []conn.Packet {
 	return pkts
 }
 
+// framedPackets returns datagrams to dst shaped as the packets of RDMA
+// WRITEs of size bytes at path MTU rawPayload (IBTA 9.2, 9.3.3), message
+// after message: a WRITE ONLY of BTH + RETH + size + ICRC when size is
+// rawPayload, else a FIRST of BTH + RETH + rawPayload + ICRC, MIDDLEs and
+// a LAST of BTH + rawPayload + ICRC. It returns at least n datagrams and
+// whole messages only (rawBurst sends the list round and round). size
+// must be a positive multiple of rawPayload, so that every datagram
+// carries rawPayload bytes of payload as rawBurst counts them (the
+// benchmark's sizes are).
+func framedPackets(dst netip.AddrPort, size, n int) []conn.Packet {
+	if size <= 0 || size%rawPayload != 0 {
+		panic(fmt.Sprintf("framedPackets: size %d is not a positive multiple of %d", size, rawPayload))
+	}
+	perMsg := size / rawPayload
+	n = (n + perMsg - 1) / perMsg * perMsg
+	pkts := make([]conn.Packet, n)
+	for i := range pkts {
+		k := i % perMsg // the packet's index in its message
+		op := wire.OpRDMAWriteMiddle
+		switch {
+		case perMsg == 1:
+			op = wire.OpRDMAWriteOnly
+		case k == 0:
+			op = wire.OpRDMAWriteFirst
+		case k == perMsg-1:
+			op = wire.OpRDMAWriteLast
+		}
+		hdr := wire.BTHSize
+		if k == 0 {
+			hdr += wire.RETHSize
+		}
+		buf := make([]byte, hdr+rawPayload+wire.ICRCSize)
+		wire.BTH(buf).Encode(&wire.BTHFields{Opcode: op, PKey: wire.DefaultPKey, DestQP: 0x11, PSN: wire.PSN(i)})
+		if k == 0 {
+			wire.RETH(buf[wire.BTHSize:]).Encode(&wire.RETHFields{VA: 0x1000, RKey: 0x1234, DMALength: uint32(size)})
+		}
+		for j := hdr; j < len(buf)-wire.ICRCSize; j++ {
+			buf[j] = byte(i + j)
+		}
+		pkts[i] = conn.Packet{Buf: buf, Addr: dst}
+	}
+	return pkts
+}
+
 type rawResult struct {
 	mbs, loss float64 // payload MB/s (10^6), percent of datagrams lost
 }
 
 // rawBurst sends at least bytes of payload to the child's raw receiver as
-// fast as the conn allows and returns the goodput the child saw.
+// fast as the conn allows, pkts round and round in batches of
+// conn.IdealBatchSize, and returns the goodput the child saw. Every
+// datagram counts rawPayload bytes.
 func rawBurst(b *testing.B, h *helper, tx *conn.UDPConn, pkts []conn.Packet, bytes int64) rawResult {
 	b.Helper()
 	n := int((bytes + rawPayload - 1) / rawPayload)
 	h.command(b, "ready", "burst %d", n)
 	t0 := monotonic()
-	for sent := 0; sent < n; {
-		k := min(len(pkts), n-sent)
-		if err := tx.Send(pkts[:k]); err != nil {
+	for sent, off := 0, 0; sent < n; {
+		k := min(conn.IdealBatchSize, len(pkts)-off, n-sent)
+		if err := tx.Send(pkts[off : off+k]); err != nil {
 			b.Fatalf("raw send: %v", err)
 		}
 		sent += k
+		off = (off + k) % len(pkts)
 	}
 	f := h.reply(b, "done")
 	if len(f) != 3 {
@@ -450,4 +521,65 @@ func TestMonotonicIsClockMonotonic(t *testing.T) {
 		require.LessOrEqual(t, a-monoBase.errNs, m)
 		require.LessOrEqual(t, m, b+monoBase.errNs)
 	}
+}
+
+// TestFramedPacketsAreWritesAtMTU4096 checks the framed baseline's
+// datagrams against IBTA's packet layout (9.2 BTH 12 bytes, 9.3.3 RETH 16
+// bytes, ICRC 4; RC RDMA WRITE opcodes FIRST 0x06, MIDDLE 0x07, LAST 0x08,
+// ONLY 0x0A, Table 33): a 64 KiB WRITE at MTU 4096 is a 4128-byte FIRST
+// and fifteen 4112-byte datagrams, a 4 KiB WRITE one 4128-byte ONLY.
+func TestFramedPacketsAreWritesAtMTU4096(t *testing.T) {
+	dst := netip.MustParseAddrPort("127.0.0.1:4791")
+	cases := []struct {
+		size, n, want int
+		ops           func(i int) byte
+		lens          func(i int) int
+	}{
+		{65536, 64, 64, func(i int) byte {
+			switch i % 16 {
+			case 0:
+				return 0x06
+			case 15:
+				return 0x08
+			}
+			return 0x07
+		}, func(i int) int {
+			if i%16 == 0 {
+				return 12 + 16 + 4096 + 4
+			}
+			return 12 + 4096 + 4
+		}},
+		{4096, 64, 64, func(int) byte { return 0x0a }, func(int) int { return 12 + 16 + 4096 + 4 }},
+		// A 1 MiB message is 256 packets: the list holds one whole message.
+		{1 << 20, 64, 256, func(i int) byte {
+			switch i {
+			case 0:
+				return 0x06
+			case 255:
+				return 0x08
+			}
+			return 0x07
+		}, func(i int) int {
+			if i == 0 {
+				return 12 + 16 + 4096 + 4
+			}
+			return 12 + 4096 + 4
+		}},
+	}
+	for _, c := range cases {
+		pkts := framedPackets(dst, c.size, c.n)
+		require.Len(t, pkts, c.want, "size %d", c.size)
+		for i, p := range pkts {
+			require.Equal(t, dst, p.Addr)
+			require.Len(t, p.Buf, c.lens(i), "size %d packet %d", c.size, i)
+			require.Equal(t, c.ops(i), p.Buf[0], "size %d packet %d: opcode", c.size, i)
+			var pk wire.Packet
+			require.NoError(t, wire.Parse(p.Buf, &pk), "size %d packet %d", c.size, i)
+			require.Len(t, pk.Payload, 4096, "size %d packet %d: payload", c.size, i)
+			if p.Buf[0] == 0x06 || p.Buf[0] == 0x0a {
+				require.Equal(t, uint32(c.size), pk.RETH().DMALength(), "size %d packet %d: DMA length", c.size, i)
+			}
+		}
+	}
+	require.Panics(t, func() { framedPackets(dst, 1000, 64) }, "a size whose datagrams would not carry 4096 bytes each")
 }
