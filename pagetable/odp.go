@@ -10,6 +10,7 @@ import (
 	"unsafe"
 
 	"github.com/softrdma/softrdma/hostmem"
+	"github.com/softrdma/softrdma/internal/memcopy"
 )
 
 // ChildShift is the log2 of the pages one child table of an on-demand
@@ -401,9 +402,9 @@ func (t *ODP) copyFrames(off uint64, b []byte, write bool) {
 		n := min(uint64(len(b)), PageSize-off&pageMask)
 		p := unsafe.Slice((*byte)(t.at(off)), n)
 		if write {
-			copy(p, b[:n])
+			memcopy.Copy(p, b[:n])
 		} else {
-			copy(b[:n], p)
+			memcopy.Copy(b[:n], p)
 		}
 		b = b[n:]
 		off += n

@@ -7,6 +7,7 @@ import (
 	"unsafe"
 
 	"github.com/softrdma/softrdma/hostmem"
+	"github.com/softrdma/softrdma/internal/memcopy"
 )
 
 // ODPMirror is the new frames of a remap of an on-demand table's pages, as
@@ -111,7 +112,7 @@ func (m *ODPMirror) copy(off uint64, src []byte) {
 		n := min(uint64(len(src)), PageSize-off&pageMask)
 		if off >= m.off {
 			if k := (off - m.off) >> PageShift; k < uint64(len(m.pages)) {
-				copy(unsafe.Slice((*byte)(unsafe.Add(unsafe.Pointer(m.pages[k]), off&pageMask)), n), src[:n])
+				memcopy.Copy(unsafe.Slice((*byte)(unsafe.Add(unsafe.Pointer(m.pages[k]), off&pageMask)), n), src[:n])
 			}
 		}
 		src = src[n:]

@@ -24,6 +24,7 @@ import (
 	"unsafe"
 
 	"github.com/softrdma/softrdma/hostmem"
+	"github.com/softrdma/softrdma/internal/memcopy"
 )
 
 // Page geometry (the host's base page; see hostmem).
@@ -446,7 +447,8 @@ func (t *Table) CopyIn(iova uint64, src []byte) (int, Result) {
 		return 0, OutOfRange
 	}
 	if t.direct.Load() && t.writable {
-		return copy(t.flat()[off:], src), OK
+		memcopy.Copy(t.flat()[off:off+uint64(len(src))], src) // the range was checked
+		return len(src), OK
 	}
 	// The mirror is loaded before the frames (run): SwitchFrames stores
 	// the new frames before it clears the mirror, so a copy that finds no
@@ -458,7 +460,8 @@ func (t *Table) CopyIn(iova uint64, src []byte) (int, Result) {
 		if r != OK {
 			return done, r
 		}
-		n := copy(dst, src[done:])
+		n := min(len(dst), len(src)-done)
+		memcopy.Copy(dst[:n], src[done:])
 		if mirror != nil {
 			t.copyMirror(*mirror, off+uint64(done), src[done:done+n])
 		}
@@ -475,7 +478,8 @@ func (t *Table) CopyOut(iova uint64, dst []byte) (int, Result) {
 		return 0, OutOfRange
 	}
 	if t.direct.Load() {
-		return copy(dst, t.flat()[off:]), OK
+		memcopy.Copy(dst, t.flat()[off:off+uint64(len(dst))]) // the range was checked
+		return len(dst), OK
 	}
 	done := 0
 	for done < len(dst) {
@@ -483,7 +487,9 @@ func (t *Table) CopyOut(iova uint64, dst []byte) (int, Result) {
 		if r != OK {
 			return done, r
 		}
-		done += copy(dst[done:], src)
+		n := min(len(dst)-done, len(src))
+		memcopy.Copy(dst[done:done+n], src)
+		done += n
 	}
 	return done, OK
 }

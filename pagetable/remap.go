@@ -7,6 +7,7 @@ import (
 	"unsafe"
 
 	"github.com/softrdma/softrdma/hostmem"
+	"github.com/softrdma/softrdma/internal/memcopy"
 )
 
 // NewPinnedFrames builds the table of a pinned region of a host address
@@ -193,7 +194,7 @@ func (t *Table) clearMirror() {
 func (t *Table) copyMirror(m []*byte, off uint64, src []byte) {
 	for len(src) > 0 {
 		n := min(uint64(len(src)), PageSize-(off+t.head)&pageMask)
-		copy(unsafe.Slice((*byte)(t.mirrorAt(m, off)), n), src[:n])
+		memcopy.Copy(unsafe.Slice((*byte)(t.mirrorAt(m, off)), n), src[:n])
 		src = src[n:]
 		off += n
 	}

@@ -1,6 +1,7 @@
 package placement
 
 import (
+	"github.com/softrdma/softrdma/internal/memcopy"
 	"github.com/softrdma/softrdma/pagetable"
 	"github.com/softrdma/softrdma/stag"
 )
@@ -163,9 +164,9 @@ func (e *Engine) sgl(pd uint32, sgl []SGE, offset uint64, b []byte, write bool) 
 		tr := pagetable.OK
 		switch {
 		case sp.Linear() && write:
-			copy(sp.At(offset, k), b[done:done+k])
+			memcopy.Copy(sp.At(offset, k), b[done:done+k])
 		case sp.Linear():
-			copy(b[done:done+k], sp.At(offset, k))
+			memcopy.Copy(b[done:done+k], sp.At(offset, k))
 		case write:
 			tr = sp.Entry.Value.copyIn(s.Addr+offset, b[done:done+k])
 		default:

@@ -4,6 +4,7 @@ import (
 	"sync/atomic"
 	"unsafe"
 
+	"github.com/softrdma/softrdma/internal/memcopy"
 	"github.com/softrdma/softrdma/pagetable"
 	"github.com/softrdma/softrdma/stag"
 )
@@ -131,7 +132,7 @@ func (e *Engine) Write(c *Cursor, payload []byte) Status {
 	s := &c.s
 	n, d := uint64(len(payload)), s.Done
 	if n-1 < s.Len-d && s.Linear() && s.Write && s.Current() {
-		copy(s.At(d, n), payload)
+		memcopy.Copy(s.At(d, n), payload)
 		s.Done = d + n
 		return OK
 	}
@@ -156,7 +157,7 @@ func (e *Engine) writeSlow(c *Cursor, payload []byte) Status {
 		}
 	}
 	if s.Linear() {
-		copy(s.At(s.Done, n), payload)
+		memcopy.Copy(s.At(s.Done, n), payload)
 	} else if r := s.Entry.Value.copyIn(s.IOVA+s.Done, payload); r != pagetable.OK {
 		return tableStatus(r, true)
 	}
@@ -171,7 +172,7 @@ func (e *Engine) Read(c *Cursor, dst []byte) Status {
 	s := &c.s
 	n, d := uint64(len(dst)), s.Done
 	if n-1 < s.Len-d && s.Linear() && s.Current() {
-		copy(dst, s.At(d, n))
+		memcopy.Copy(dst, s.At(d, n))
 		s.Done = d + n
 		return OK
 	}
@@ -191,7 +192,7 @@ func (e *Engine) readSlow(c *Cursor, dst []byte) Status {
 		return RemoteAccessErr
 	}
 	if s.Linear() {
-		copy(dst, s.At(s.Done, n))
+		memcopy.Copy(dst, s.At(s.Done, n))
 	} else if r := s.Entry.Value.copyOut(s.IOVA+s.Done, dst); r != pagetable.OK {
 		return tableStatus(r, true)
 	}
