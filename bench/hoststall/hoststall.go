@@ -6,12 +6,25 @@
 // floor under any latency the host can deliver: no code can finish a
 // critical section faster than the host lets its thread run.
 //
-// The stall inside a window of W µs placed uniformly over the probe is
-// computed exactly (Report.StallQuantile): the stall time in [s, s+W) is
-// a piecewise linear function of the window's start s, whose pieces are
-// bounded by the gaps' ends shifted by 0 and −W, so its distribution over
-// s uniform in [0, D−W] is the sum of the pieces' lengths and is inverted
-// by bisection to the nanosecond.
+// Two figures follow from the gaps, both computed exactly rather than
+// sampled:
+//
+//   - Report.Delay: the delay the host adds to a piece of work that needs
+//     W µs of CPU and starts at a moment uniform over the time the thread
+//     ran. In the thread's running time (wall time minus the gaps before)
+//     every gap is a point; the work covers the running-time interval
+//     (u, u+W) and is delayed by the gaps whose points fall in it, so the
+//     delay is a step function of u with steps where u or u+W meets a
+//     gap. This is what the host adds to a critical section of W µs of
+//     work, and it is not bounded by W: one 1-ms gap delays a 5-µs section
+//     by 1 ms.
+//   - Report.Stall: the stall inside a wall-clock window [s, s+W) with s
+//     uniform over [0, D−W] (cyclictest's view of a fixed period). It is
+//     piecewise linear in s, with pieces bounded by the gaps' ends shifted
+//     by 0 and −W, and at most W.
+//
+// In both the share of starts with at most y is a sum over the pieces,
+// inverted by bisection to the nanosecond for the quantiles.
 package hoststall
 
 import (
@@ -37,7 +50,7 @@ const (
 	DefaultMaxGaps = 1 << 18
 )
 
-// DefaultWindows are the window lengths Report.Windows holds when
+// DefaultWindows are the lengths Report.Windows and Report.Work hold when
 // Options.Windows is empty.
 var DefaultWindows = []time.Duration{20 * time.Microsecond, 50 * time.Microsecond, 100 * time.Microsecond}
 
@@ -53,8 +66,9 @@ type Options struct {
 	// monotonic clock (time.Since, CLOCK_MONOTONIC through the vDSO).
 	// Tests inject a fake one; it must not go backwards.
 	Clock func() time.Duration
-	// Windows are the window lengths whose stall p50 and p99 the report
-	// holds (Report.Windows). Default DefaultWindows (20, 50, 100 µs).
+	// Windows are the lengths W whose delay and stall distributions the
+	// report holds (Report.Work, Report.Windows). Default DefaultWindows
+	// (20, 50, 100 µs).
 	Windows []time.Duration
 }
 
@@ -65,8 +79,21 @@ type Gap struct {
 	Len time.Duration // to the read after it
 }
 
-// WindowStall is the distribution of the stall time inside a window of
-// length Window placed uniformly over the probe.
+// WorkDelay is the distribution of the delay the host adds to a piece of
+// work needing Work of CPU that starts at a moment uniform over the time
+// the thread ran (Report.Delay).
+type WorkDelay struct {
+	Work time.Duration
+	P50  time.Duration
+	P99  time.Duration
+	// Over20 is the share (0-1) of the starts delayed more than 20 µs:
+	// above 0.01, the p99 of such work's wall time here exceeds the work
+	// by more than 20 µs, whatever the code.
+	Over20 float64
+}
+
+// WindowStall is the distribution of the stall time inside a wall-clock
+// window of length Window placed uniformly over the probe (Report.Stall).
 type WindowStall struct {
 	Window time.Duration
 	P50    time.Duration
@@ -91,8 +118,9 @@ type Report struct {
 	Gaps []Gap
 	// Max is the longest gap (0 without gaps).
 	Max time.Duration
-	// Windows are the stall distributions for Options.Windows (those
-	// longer than the probe are left out).
+	// Work and Windows are the delay and stall distributions for
+	// Options.Windows (lengths longer than the probe are left out).
+	Work    []WorkDelay
 	Windows []WindowStall
 }
 
@@ -140,11 +168,12 @@ func Measure(ctx context.Context, d time.Duration, opts Options) (Report, error)
 		r.Max = max(r.Max, g.Len)
 	}
 	for _, w := range opts.Windows {
-		ws, err := r.WindowStall(w)
-		if err != nil {
-			continue // longer than the probe
+		if wd, err := r.Delay(w); err == nil { // else longer than the probe
+			r.Work = append(r.Work, wd)
 		}
-		r.Windows = append(r.Windows, ws)
+		if ws, err := r.Stall(w); err == nil {
+			r.Windows = append(r.Windows, ws)
+		}
 	}
 	return r, nil
 }
@@ -193,18 +222,56 @@ func (r *Report) Rate(over time.Duration) float64 {
 	return float64(n) / r.Duration.Seconds()
 }
 
-// WindowStall is the p50 and p99 of the stall in a window of length w
-// placed uniformly over the probe, and the share of such windows stalled
-// more than 20 µs (StallQuantile, StallOver). Errors: ErrWindow for w ≤ 0
-// or longer than the probe.
-func (r *Report) WindowStall(w time.Duration) (WindowStall, error) {
-	p50, err := r.StallQuantile(w, 0.50)
+// Delay is the p50 and p99 of the delay the host adds to a piece of work
+// needing w of CPU (DelayQuantile), and the share of such work delayed
+// more than 20 µs (DelayOver). Errors: ErrWindow for w ≤ 0 or longer than
+// the time the thread ran.
+func (r *Report) Delay(w time.Duration) (WorkDelay, error) {
+	ps, total, err := r.workPieces(w)
+	if err != nil {
+		return WorkDelay{}, err
+	}
+	return WorkDelay{Work: w, P50: quantile(ps, total, 0.5), P99: quantile(ps, total, 0.99), Over20: over(ps, total, 20*time.Microsecond)}, nil
+}
+
+// DelayQuantile is the q-quantile (0 < q ≤ 1) of the delay the host adds
+// to a piece of work needing w of CPU that starts at a moment u uniform
+// over the thread's running time (u in [0, R−w], R the probe's duration
+// minus its gaps): the total length of the gaps that fall strictly inside
+// the work's running-time interval (u, u+w). The smallest y such that a
+// share q of the starts are delayed at most y, exact to the nanosecond.
+// Errors: ErrWindow for w ≤ 0 or longer than R; q outside (0, 1].
+func (r *Report) DelayQuantile(w time.Duration, q float64) (time.Duration, error) {
+	if !(q > 0 && q <= 1) {
+		return 0, fmt.Errorf("hoststall: quantile %v: in (0, 1]", q)
+	}
+	ps, total, err := r.workPieces(w)
+	if err != nil {
+		return 0, err
+	}
+	return quantile(ps, total, q), nil
+}
+
+// DelayOver is the share (0-1) of the pieces of work of w, started as in
+// DelayQuantile, delayed more than y. Errors: as DelayQuantile's.
+func (r *Report) DelayOver(w, y time.Duration) (float64, error) {
+	ps, total, err := r.workPieces(w)
+	if err != nil {
+		return 0, err
+	}
+	return over(ps, total, y), nil
+}
+
+// Stall is the p50 and p99 of the stall in a wall-clock window of length
+// w placed uniformly over the probe, and the share of such windows
+// stalled more than 20 µs (StallQuantile, StallOver). Errors: ErrWindow
+// for w ≤ 0 or longer than the probe.
+func (r *Report) Stall(w time.Duration) (WindowStall, error) {
+	ps, total, err := r.pieces(w)
 	if err != nil {
 		return WindowStall{}, err
 	}
-	p99, _ := r.StallQuantile(w, 0.99)
-	over, _ := r.StallOver(w, 20*time.Microsecond)
-	return WindowStall{Window: w, P50: p50, P99: p99, Over20: over}, nil
+	return WindowStall{Window: w, P50: quantile(ps, total, 0.5), P99: quantile(ps, total, 0.99), Over20: over(ps, total, 20*time.Microsecond)}, nil
 }
 
 // StallQuantile is the q-quantile (0 < q ≤ 1) of the stall time inside a
@@ -218,21 +285,37 @@ func (r *Report) StallQuantile(w time.Duration, q float64) (time.Duration, error
 	if !(q > 0 && q <= 1) {
 		return 0, fmt.Errorf("hoststall: quantile %v: in (0, 1]", q)
 	}
-	ps, err := r.pieces(w)
+	ps, total, err := r.pieces(w)
 	if err != nil {
 		return 0, err
 	}
-	total := float64(r.Duration - w)
-	if total == 0 { // one window: the whole probe
-		return time.Duration(ps[0].f0), nil
+	return quantile(ps, total, q), nil
+}
+
+// StallOver is the share (0-1) of the windows of length w, placed
+// uniformly over the probe, that hold more than y of stall. Errors: as
+// StallQuantile's.
+func (r *Report) StallOver(w, y time.Duration) (float64, error) {
+	ps, total, err := r.pieces(w)
+	if err != nil {
+		return 0, err
+	}
+	return over(ps, total, y), nil
+}
+
+// quantile is the smallest y such that the starts with at most y cover a
+// share q of total (ns; total 0: the one start's value).
+func quantile(ps []piece, total, q float64) time.Duration {
+	if total == 0 {
+		return time.Duration(ps[0].f0)
+	}
+	want := q * total
+	if measureAtMost(ps, 0) >= want {
+		return 0
 	}
 	hi := 0.0
 	for _, p := range ps {
 		hi = max(hi, p.f0, p.f1)
-	}
-	want := q * total
-	if measureAtMost(ps, 0) >= want {
-		return 0, nil
 	}
 	// measureAtMost is nondecreasing in y and right-continuous; bisect for
 	// the smallest y with measureAtMost(y) ≥ want.
@@ -245,25 +328,67 @@ func (r *Report) StallQuantile(w time.Duration, q float64) (time.Duration, error
 			lo = mid
 		}
 	}
-	return time.Duration(math.Round(hi)), nil
+	return time.Duration(math.Round(hi))
 }
 
-// StallOver is the share (0-1) of the windows of length w, placed
-// uniformly over the probe, that hold more than y of stall. Errors: as
-// StallQuantile's.
-func (r *Report) StallOver(w, y time.Duration) (float64, error) {
-	ps, err := r.pieces(w)
-	if err != nil {
-		return 0, err
-	}
-	total := float64(r.Duration - w)
+// over is the share of the starts whose value is above y (total 0: 1 or
+// 0 for the one start).
+func over(ps []piece, total float64, y time.Duration) float64 {
 	if total == 0 {
 		if ps[0].f0 > float64(y) {
-			return 1, nil
+			return 1
 		}
-		return 0, nil
+		return 0
 	}
-	return 1 - measureAtMost(ps, float64(y))/total, nil
+	return 1 - measureAtMost(ps, float64(y))/total
+}
+
+// workPieces cuts the starts [0, R−w] of the running time at every start
+// where u or u+w meets a gap; between two cuts the delay is constant. It
+// returns the pieces and R−w.
+func (r *Report) workPieces(w time.Duration) ([]piece, float64, error) {
+	var stalled time.Duration
+	for _, g := range r.Gaps {
+		stalled += g.Len
+	}
+	ran := r.Duration - stalled
+	if w <= 0 || w > ran {
+		return nil, 0, fmt.Errorf("%w: work %v, probe %v of which the thread ran %v", ErrWindow, w, r.Duration, ran)
+	}
+	end := float64(ran - w)
+	// pos[i] is gap i's point in running time; cum[i] the gaps before it.
+	pos := make([]float64, len(r.Gaps))
+	cum := make([]float64, len(r.Gaps)+1)
+	for i, g := range r.Gaps {
+		pos[i] = float64(g.At) - cum[i]
+		cum[i+1] = cum[i] + float64(g.Len)
+	}
+	fw := float64(w)
+	delay := func(u float64) float64 { // the gaps in (u, u+w)
+		lo := sort.SearchFloat64s(pos, math.Nextafter(u, math.Inf(1))) // first pos > u
+		hi := sort.SearchFloat64s(pos, u+fw)                           // first pos ≥ u+w
+		return cum[hi] - cum[lo]
+	}
+	if end == 0 {
+		d := delay(0)
+		return []piece{{0, 0, d, d}}, 0, nil
+	}
+	cuts := []float64{0, end}
+	for _, p := range pos {
+		for _, c := range [...]float64{p, p - fw} {
+			if c > 0 && c < end {
+				cuts = append(cuts, c)
+			}
+		}
+	}
+	slices.Sort(cuts)
+	cuts = slices.Compact(cuts)
+	ps := make([]piece, 0, len(cuts)-1)
+	for i := 1; i < len(cuts); i++ {
+		d := delay((cuts[i-1] + cuts[i]) / 2)
+		ps = append(ps, piece{cuts[i-1], cuts[i], d, d})
+	}
+	return ps, end, nil
 }
 
 // piece is a stretch [s0, s1] of window starts over which the stall in
@@ -271,10 +396,11 @@ func (r *Report) StallOver(w, y time.Duration) (float64, error) {
 type piece struct{ s0, s1, f0, f1 float64 }
 
 // pieces cuts [0, Duration−w] at every start where a window edge meets a
-// gap's edge; between two cuts the stall is linear in the start.
-func (r *Report) pieces(w time.Duration) ([]piece, error) {
+// gap's edge; between two cuts the stall is linear in the start. It
+// returns the pieces and Duration−w.
+func (r *Report) pieces(w time.Duration) ([]piece, float64, error) {
 	if w <= 0 || w > r.Duration {
-		return nil, fmt.Errorf("%w: window %v, probe %v", ErrWindow, w, r.Duration)
+		return nil, 0, fmt.Errorf("%w: window %v, probe %v", ErrWindow, w, r.Duration)
 	}
 	end := r.Duration - w
 	cuts := []time.Duration{0, end}
@@ -305,7 +431,7 @@ func (r *Report) pieces(w time.Duration) ([]piece, error) {
 	}
 	f := func(s time.Duration) float64 { return float64(stallBefore(s+w) - stallBefore(s)) }
 	if len(cuts) == 1 { // end == 0: one window
-		return []piece{{0, 0, f(0), f(0)}}, nil
+		return []piece{{0, 0, f(0), f(0)}}, 0, nil
 	}
 	ps := make([]piece, 0, len(cuts)-1)
 	prev := f(cuts[0])
@@ -314,7 +440,7 @@ func (r *Report) pieces(w time.Duration) ([]piece, error) {
 		ps = append(ps, piece{float64(cuts[i-1]), float64(cuts[i]), prev, next})
 		prev = next
 	}
-	return ps, nil
+	return ps, float64(end), nil
 }
 
 // measureAtMost is the length of the starts whose window holds at most y

@@ -85,11 +85,13 @@ func TestMeasureFakeClockRates(t *testing.T) {
 	require.Len(t, r.Windows, 3)
 	require.Equal(t, []time.Duration{20 * us, 50 * us, 100 * us},
 		[]time.Duration{r.Windows[0].Window, r.Windows[1].Window, r.Windows[2].Window})
+	require.Len(t, r.Work, 3)
+	require.Equal(t, []time.Duration{20 * us, 50 * us, 100 * us}, []time.Duration{r.Work[0].Work, r.Work[1].Work, r.Work[2].Work})
 }
 
 // TestMeasureWindowsFromClock: the window statistics of a measured probe
-// are those of its gaps (the same numbers as TestStallQuantileTwoGaps,
-// through Measure).
+// are those of its gaps (the same numbers as TestStallQuantileTwoGaps and
+// TestDelayQuantileTwoGaps, through Measure).
 func TestMeasureWindowsFromClock(t *testing.T) {
 	c := &fakeClock{step: 100, gaps: map[time.Duration]time.Duration{50 * us: 10 * us, 70 * us: 10 * us}}
 	r, err := hoststall.Measure(context.Background(), 200*us, hoststall.Options{Clock: c.now, Windows: []time.Duration{40 * us, 300 * us}})
@@ -97,6 +99,7 @@ func TestMeasureWindowsFromClock(t *testing.T) {
 	require.Equal(t, 200*us, r.Duration)
 	require.Equal(t, []hoststall.WindowStall{{Window: 40 * us, P50: 0, P99: 20 * us, Over20: 0}}, r.Windows,
 		"the 300-µs window is longer than the probe: left out")
+	require.Equal(t, []hoststall.WorkDelay{{Work: 40 * us, P50: 0, P99: 20 * us, Over20: 0}}, r.Work)
 }
 
 // TestStallQuantileOneGap: a 10-µs gap at 500 µs of a 1-ms probe, windows
@@ -126,7 +129,7 @@ func TestStallQuantileOneGap(t *testing.T) {
 	over, err := r.StallOver(20*us, 5*us)
 	require.NoError(t, err)
 	require.InDelta(t, 20.0/980, over, 1e-12)
-	ws, err := r.WindowStall(20 * us)
+	ws, err := r.Stall(20 * us)
 	require.NoError(t, err)
 	require.Equal(t, hoststall.WindowStall{Window: 20 * us, P50: 0, P99: 10 * us, Over20: 0}, ws)
 }
@@ -203,7 +206,7 @@ func TestStallQuantileEdges(t *testing.T) {
 	for _, w := range []time.Duration{200*us + 1, 0, -us} {
 		_, err := r.StallQuantile(w, 0.5)
 		require.ErrorIs(t, err, hoststall.ErrWindow, "window %v", w)
-		_, err = r.WindowStall(w)
+		_, err = r.Stall(w)
 		require.ErrorIs(t, err, hoststall.ErrWindow, "window %v", w)
 	}
 	for _, q := range []float64{0, -0.5, 1.5} {
@@ -212,14 +215,120 @@ func TestStallQuantileEdges(t *testing.T) {
 	}
 
 	quiet := hoststall.Report{Duration: time.Millisecond}
-	ws, err := quiet.WindowStall(50 * us)
+	ws, err := quiet.Stall(50 * us)
 	require.NoError(t, err)
 	require.Equal(t, hoststall.WindowStall{Window: 50 * us}, ws)
 	require.Zero(t, quiet.Rate(0))
 	var empty hoststall.Report
 	require.Zero(t, empty.Rate(0))
-	_, err = empty.WindowStall(us)
+	_, err = empty.Stall(us)
 	require.ErrorIs(t, err, hoststall.ErrWindow)
+}
+
+// TestDelayQuantileOneGap: a 10-µs gap at 500 µs of a 1-ms probe; the
+// thread ran 990 µs, the gap at 500 µs of its running time. Work of 20
+// µs starting at u in [0, 970] is delayed 10 µs if 480 < u < 500 (the gap
+// inside (u, u+20)), else not: 950/970 = 0.979 of the starts see none.
+// p50 and p97 (940.9 ≤ 950) 0; p98 (950.6 > 950) and p99 10 µs. Compare
+// TestStallQuantileOneGap's wall windows, where p98 is 5.2 µs.
+func TestDelayQuantileOneGap(t *testing.T) {
+	r := hoststall.Report{Duration: 1000 * us, Gaps: []hoststall.Gap{{500 * us, 10 * us}}}
+	for _, c := range []struct {
+		q    float64
+		want time.Duration
+	}{
+		{0.5, 0}, {0.97, 0}, {0.979, 0}, {0.98, 10 * us}, {0.99, 10 * us}, {1, 10 * us},
+	} {
+		got, err := r.DelayQuantile(20*us, c.q)
+		require.NoError(t, err)
+		require.Equal(t, c.want, got, "q %v", c.q)
+	}
+	over, err := r.DelayOver(20*us, 5*us)
+	require.NoError(t, err)
+	require.InDelta(t, 20.0/970, over, 1e-12)
+	wd, err := r.Delay(20 * us)
+	require.NoError(t, err)
+	require.Equal(t, hoststall.WorkDelay{Work: 20 * us, P50: 0, P99: 10 * us, Over20: 0}, wd)
+}
+
+// TestDelayQuantileTwoGaps: gaps [50, 60) and [70, 80) µs of a 200-µs
+// probe: the thread ran 180 µs, the gaps at 50 and 60 µs of it. Work of
+// 40 µs from u in [0, 140] holds the first gap for 10 < u < 50 and the
+// second for 20 < u < 60: delay 0 on [0, 10], 10 on (10, 20], 20 on (20,
+// 50), 10 on [50, 60), 0 on [60, 140]. At most 0: 90 of 140 (0.643); at
+// most 10: 110 (0.786); 20: all. p50 0; p70 and p75 10 µs; p80, p99 20 µs.
+// Over 10 µs: 30/140; over 0: 50/140.
+func TestDelayQuantileTwoGaps(t *testing.T) {
+	r := hoststall.Report{Duration: 200 * us, Gaps: []hoststall.Gap{{50 * us, 10 * us}, {70 * us, 10 * us}}}
+	for _, c := range []struct {
+		q    float64
+		want time.Duration
+	}{
+		{0.5, 0}, {0.64, 0}, {0.65, 10 * us}, {0.75, 10 * us}, {0.8, 20 * us}, {0.99, 20 * us},
+	} {
+		got, err := r.DelayQuantile(40*us, c.q)
+		require.NoError(t, err)
+		require.Equal(t, c.want, got, "q %v", c.q)
+	}
+	for _, c := range []struct {
+		y    time.Duration
+		want float64
+	}{
+		{0, 50.0 / 140}, {10 * us, 30.0 / 140}, {19 * us, 30.0 / 140}, {20 * us, 0},
+	} {
+		got, err := r.DelayOver(40*us, c.y)
+		require.NoError(t, err)
+		require.InDelta(t, c.want, got, 1e-12, "over %v", c.y)
+	}
+	// Work as long as the running time: one start, both gaps inside.
+	got, err := r.DelayQuantile(180*us, 0.5)
+	require.NoError(t, err)
+	require.Equal(t, 20*us, got)
+	over, err := r.DelayOver(180*us, 19*us)
+	require.NoError(t, err)
+	require.Equal(t, 1.0, over)
+	for _, w := range []time.Duration{180*us + 1, 0} {
+		_, err := r.DelayQuantile(w, 0.5)
+		require.ErrorIs(t, err, hoststall.ErrWindow, "work %v", w)
+	}
+	_, err = r.DelayQuantile(40*us, 0)
+	require.Error(t, err)
+}
+
+// TestDelayLongerThanWork: the delay is not bounded by the work, as the
+// wall-window stall is: a 25-µs gap at 100 µs of 1 ms (975 µs run) delays
+// work of 5 µs from u in (95, 100), 5 of the 970 µs of starts, by 25 µs;
+// p99 0 (965/970 = 0.9948 see none), p99.6 25 µs; a share 5/970 over 20
+// µs. The 5-µs wall window holds at most 5 µs.
+func TestDelayLongerThanWork(t *testing.T) {
+	r := hoststall.Report{Duration: 1000 * us, Gaps: []hoststall.Gap{{100 * us, 25 * us}}}
+	wd, err := r.Delay(5 * us)
+	require.NoError(t, err)
+	require.Equal(t, hoststall.WorkDelay{Work: 5 * us, P50: 0, P99: 0, Over20: wd.Over20}, wd)
+	require.InDelta(t, 5.0/970, wd.Over20, 1e-12)
+	q, err := r.DelayQuantile(5*us, 0.996)
+	require.NoError(t, err)
+	require.Equal(t, 25*us, q)
+	q, err = r.StallQuantile(5*us, 1)
+	require.NoError(t, err)
+	require.Equal(t, 5*us, q)
+}
+
+// TestDelayEnds: a gap that ends as the work starts, or starts as it
+// ends, does not delay it. A 200-µs probe with 10-µs gaps at 0 and at 190
+// µs ran 180 µs, the gaps at 0 and 180 of it: work of 180 µs has one
+// start, u = 0, and runs over (0, 180) between them: no delay. Work of
+// 90 µs from u in [0, 90] holds neither either.
+func TestDelayEnds(t *testing.T) {
+	r := hoststall.Report{Duration: 200 * us, Gaps: []hoststall.Gap{{0, 10 * us}, {190 * us, 10 * us}}}
+	for _, w := range []time.Duration{180 * us, 90 * us} {
+		wd, err := r.Delay(w)
+		require.NoError(t, err)
+		require.Equal(t, hoststall.WorkDelay{Work: w}, wd)
+		over, err := r.DelayOver(w, 0)
+		require.NoError(t, err)
+		require.Zero(t, over)
+	}
 }
 
 // TestMeasureNoGaps: a clock read every 100 ns for 1 ms: 10,001 reads, no
@@ -234,6 +343,10 @@ func TestMeasureNoGaps(t *testing.T) {
 	require.Zero(t, r.Rate(0))
 	for _, w := range r.Windows {
 		require.Equal(t, hoststall.WindowStall{Window: w.Window}, w)
+	}
+	require.Len(t, r.Work, 3)
+	for _, w := range r.Work {
+		require.Equal(t, hoststall.WorkDelay{Work: w.Work}, w)
 	}
 }
 
@@ -314,6 +427,13 @@ func TestMeasureReal(t *testing.T) {
 	for _, w := range r.Windows {
 		require.LessOrEqual(t, w.P50, w.P99)
 		require.LessOrEqual(t, w.P99, w.Window)
+		require.GreaterOrEqual(t, w.Over20, 0.0)
+		require.LessOrEqual(t, w.Over20, 1.0)
+	}
+	require.Len(t, r.Work, 3)
+	for _, w := range r.Work {
+		require.LessOrEqual(t, w.P50, w.P99)
+		require.LessOrEqual(t, w.P99, r.Max*time.Duration(len(r.Gaps))) // bounded by the gaps, not by the work
 		require.GreaterOrEqual(t, w.Over20, 0.0)
 		require.LessOrEqual(t, w.Over20, 1.0)
 	}

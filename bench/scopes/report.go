@@ -81,8 +81,8 @@ func WriteTable(w io.Writer, cfg Config, rs []Result) error {
 			untouched += "×"
 		}
 		host := ""
-		if !math.IsNaN(float64(r.HostStallP99Us)) {
-			host = fmt.Sprintf("; the host alone stalls a %.0f-µs window by p99 %.0f µs", float64(r.HostWindowUs), float64(r.HostStallP99Us))
+		if !math.IsNaN(float64(r.HostDelayP99Us)) {
+			host = fmt.Sprintf("; the host alone delays %.1f µs of work by p99 %.1f µs", float64(r.HostWindowUs), float64(r.HostDelayP99Us))
 		}
 		fmt.Fprintf(w, "targets, mr scope, %s: untouched QPs %s (target ≥ %.2f×: %s); critical section minus dirty copy p50 %.1f µs, p99 %.1f µs (target ≤ %d µs: p50 %s, p99 %s)%s\n",
 			r.Policy, untouched, TargetUntouchedRatio, untouchedVerdict(r.Untouched),
@@ -93,7 +93,7 @@ func WriteTable(w io.Writer, cfg Config, rs []Result) error {
 }
 
 // writeHost prints the host probe's lines under the table: what a busy
-// thread lost, and the stall it put into a window as long as each row's
+// thread lost, and the delay the host adds to work as long as each row's
 // critical section p50.
 func writeHost(w io.Writer, rs []Result) {
 	if len(rs) == 0 {
@@ -113,14 +113,14 @@ func writeHost(w io.Writer, rs []Result) {
 			b.WriteString(", ")
 		}
 		fmt.Fprintf(&b, "%s/%s ", r.Scope, r.Policy)
-		if math.IsNaN(float64(r.HostStallP99Us)) {
+		if math.IsNaN(float64(r.HostDelayP99Us)) {
 			b.WriteString("-")
 			continue
 		}
-		fmt.Fprintf(&b, "%.0f µs: %.0f/%.0f (%.1f%% >20)", float64(r.HostWindowUs), float64(r.HostStallP50Us),
-			float64(r.HostStallP99Us), 100*float64(r.HostStallOver20))
+		fmt.Fprintf(&b, "%.1f µs: %.1f/%.1f (%.1f%%)", float64(r.HostWindowUs), float64(r.HostDelayP50Us),
+			float64(r.HostDelayP99Us), 100*float64(r.HostDelayOver20))
 	}
-	fmt.Fprintf(w, "host stall in a window as long as the row's crit p50, p50/p99 µs (share of windows stalled >20 µs): %s\n", b.String())
+	fmt.Fprintf(w, "host delay to work as long as the row's crit p50, started at random, p50/p99 µs (share delayed >20 µs): %s\n", b.String())
 }
 
 // untouchedVerdict is target (a)'s verdict: n/a when every QP writes MR 0.

@@ -84,8 +84,8 @@ type Config struct {
 	// HostProbe is how long the host's floor is probed before the rows
 	// (hoststall.Measure: one thread spinning on the clock, which keeps a
 	// CPU busy that long); default 1 s, negative: no probe. Every row
-	// reports the stall the host alone put into a window as long as its
-	// critical section's p50 (Result.HostStallP99Us).
+	// reports the delay the host alone adds to work as long as its
+	// critical section's p50 (Result.HostDelayP99Us).
 	HostProbe time.Duration
 	// Netns, if set, puts the two devices in two network namespaces
 	// joined by a veth pair (see NewNetns); default: both on 127.0.0.1.
@@ -322,14 +322,15 @@ type Result struct {
 
 	// The host's floor (Config.HostProbe, package hoststall): what one
 	// thread spinning on the clock for HostProbeMs before the rows lost,
-	// the same in every row. HostWindowUs is the row's CriticalP50Us;
-	// HostStallP50Us and HostStallP99Us are the stall the host alone put
-	// into a window that long placed uniformly over the probe, and
-	// HostStallOver20 the share of such windows stalled more than 20 µs
-	// (above 0.01, no critical section that long can have a p99 within
-	// 20 µs of its work here). NaN (JSON null, an empty CSV field)
-	// without a probe, and the window's figures when the window is 0 or
-	// longer than the probe.
+	// the same in every row. HostWindowUs is the row's CriticalP50Us, W.
+	// HostDelayP50Us and HostDelayP99Us are the delay the host alone adds
+	// to W of work started at a random moment (hoststall.Report.Delay),
+	// and HostDelayOver20 the share of such work delayed more than 20 µs:
+	// above 0.01, no critical section of W can have a p99 within 20 µs
+	// of its work here. HostStallP50Us and HostStallP99Us are the stall
+	// inside a wall-clock window of W (hoststall.Report.Stall; at most W).
+	// NaN (JSON null, an empty CSV field) without a probe, and the W
+	// figures when W is 0 or longer than the probe.
 	HostProbeMs     Ratio `json:"host_probe_ms"`
 	HostReads       int64 `json:"host_reads"`           // clock reads in the probe (0: no probe)
 	HostOver10PerS  Ratio `json:"host_gaps_over_10us"`  // gaps longer than 10 µs per second
@@ -338,9 +339,11 @@ type Result struct {
 	HostOver100PerS Ratio `json:"host_gaps_over_100us"` // … 100 µs
 	HostMaxGapUs    Ratio `json:"host_gap_max_us"`
 	HostWindowUs    Ratio `json:"host_window_us"`
+	HostDelayP50Us  Ratio `json:"host_delay_p50_us"`
+	HostDelayP99Us  Ratio `json:"host_delay_p99_us"`
+	HostDelayOver20 Ratio `json:"host_delay_over_20us"`
 	HostStallP50Us  Ratio `json:"host_stall_p50_us"`
 	HostStallP99Us  Ratio `json:"host_stall_p99_us"`
-	HostStallOver20 Ratio `json:"host_stall_over_20us"`
 
 	// Reports are the remaps' own reports, in order (not in the JSON or
 	// CSV output).
@@ -1028,12 +1031,13 @@ func (b *bed) result(row *remapRun, m measurement) Result {
 	return r
 }
 
-// hostFields fills r's host columns from the probe (nil: none), with the
-// window the row's critical section p50.
+// hostFields fills r's host columns from the probe (nil: none), with W
+// the row's critical section p50.
 func hostFields(r *Result, h *hoststall.Report) {
 	nan := Ratio(math.NaN())
 	r.HostProbeMs, r.HostOver10PerS, r.HostOver20PerS, r.HostOver40PerS, r.HostOver100PerS = nan, nan, nan, nan, nan
-	r.HostMaxGapUs, r.HostWindowUs, r.HostStallP50Us, r.HostStallP99Us, r.HostStallOver20 = nan, nan, nan, nan, nan
+	r.HostMaxGapUs, r.HostWindowUs = nan, nan
+	r.HostDelayP50Us, r.HostDelayP99Us, r.HostDelayOver20, r.HostStallP50Us, r.HostStallP99Us = nan, nan, nan, nan, nan
 	if h == nil {
 		return
 	}
@@ -1045,11 +1049,13 @@ func hostFields(r *Result, h *hoststall.Report) {
 	r.HostOver100PerS = Ratio(h.Rate(100 * time.Microsecond))
 	r.HostMaxGapUs = Ratio(us(h.Max))
 	r.HostWindowUs = Ratio(r.CriticalP50Us)
-	ws, err := h.WindowStall(time.Duration(math.Round(r.CriticalP50Us * 1e3)))
-	if err != nil { // no remap, or a window longer than the probe
-		return
+	w := time.Duration(math.Round(r.CriticalP50Us * 1e3))
+	if wd, err := h.Delay(w); err == nil { // else no remap, or W longer than the probe
+		r.HostDelayP50Us, r.HostDelayP99Us, r.HostDelayOver20 = Ratio(us(wd.P50)), Ratio(us(wd.P99)), Ratio(wd.Over20)
 	}
-	r.HostStallP50Us, r.HostStallP99Us, r.HostStallOver20 = Ratio(us(ws.P50)), Ratio(us(ws.P99)), Ratio(ws.Over20)
+	if ws, err := h.Stall(w); err == nil {
+		r.HostStallP50Us, r.HostStallP99Us = Ratio(us(ws.P50)), Ratio(us(ws.P99))
+	}
 }
 
 func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }

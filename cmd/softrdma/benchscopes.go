@@ -50,7 +50,7 @@ type benchScopesCmd struct {
 	JSON        bool          `name:"json" help:"Print the results as JSON instead of the table."`
 	Plot        string        `name:"plot" placeholder:"FILE.svg" help:"Also plot the results into FILE (.svg, .png or .pdf)."`
 	MaxMem      byteSize      `name:"max-mem" default:"4G" help:"Most bytes of MRs the responder registers (--mrs × --mr-size)."`
-	HostProbe   time.Duration `name:"host-probe" default:"1s" placeholder:"DURATION" help:"Before the rows, spin one thread on the clock this long and report how often the host stalled it and the stall it put into a window as long as each row's critical section p50 (0: no probe; at most 1m)."`
+	HostProbe   time.Duration `name:"host-probe" default:"1s" placeholder:"DURATION" help:"Before the rows, spin one thread on the clock this long and report how often the host stalled it and the delay it adds to work as long as each row's critical section p50 (0: no probe; at most 1m)."`
 }
 
 // config converts the flags.

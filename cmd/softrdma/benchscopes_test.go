@@ -24,15 +24,15 @@ func TestBenchScopes(t *testing.T) {
 	require.Contains(t, out, "scope experiment (loopback): 8 QPs over 4 MRs in 2 PDs")
 	require.Contains(t, out, "targets, mr scope, hold: untouched QPs ")
 	require.Contains(t, out, "\nhost (probed 50 ms before the rows, one thread spinning on the clock, ")
-	require.Contains(t, out, "\nhost stall in a window as long as the row's crit p50, p50/p99 µs (share of windows stalled >20 µs): mr/hold ")
-	require.Contains(t, out, "; the host alone stalls a ")
+	require.Contains(t, out, "\nhost delay to work as long as the row's crit p50, started at random, p50/p99 µs (share delayed >20 µs): mr/hold ")
+	require.Contains(t, out, "; the host alone delays ")
 	f, err := os.Open(csvPath)
 	require.NoError(t, err)
 	defer f.Close()
 	recs, err := csv.NewReader(f).ReadAll()
 	require.NoError(t, err)
 	require.Len(t, recs, 3) // header, mr, device
-	require.Equal(t, "host_stall_over_20us", recs[0][len(recs[0])-1])
+	require.Equal(t, "host_stall_p99_us", recs[0][len(recs[0])-1])
 	require.NotEmpty(t, recs[1][len(recs[0])-1], "probed")
 	svg, err := os.ReadFile(svgPath)
 	require.NoError(t, err)
@@ -45,7 +45,7 @@ func TestBenchScopes(t *testing.T) {
 	require.Len(t, rs, 1)
 	require.Equal(t, "pd", rs[0]["scope"])
 	require.Equal(t, 0.0, rs[0]["host_reads"], "--host-probe 0: no probe")
-	require.Nil(t, rs[0]["host_stall_p99_us"])
+	require.Nil(t, rs[0]["host_delay_p99_us"])
 }
 
 func TestBenchScopesBadFlags(t *testing.T) {
