@@ -65,6 +65,7 @@ func WriteTable(w io.Writer, cfg Config, rs []Result) error {
 	fmt.Fprintln(w, "in remap ×: untouched QPs while a remap call runs; remap µs: p50 wall time of the call; duty: share of the run inside remap calls;")
 	fmt.Fprintln(w, "switch µs: p50 time after the resume while the NIC writes old and new frames and the view switches;")
 	fmt.Fprintln(w, "cycles p25–p75: quartiles of the untouched ratio cycle by cycle (the noise); delayed KiB: bytes delayed per remap.")
+	writeHost(w, rs)
 	for _, r := range rs {
 		if r.Scope != "mr" {
 			continue
@@ -79,12 +80,47 @@ func WriteTable(w io.Writer, cfg Config, rs []Result) error {
 		if !math.IsNaN(float64(r.Untouched)) {
 			untouched += "×"
 		}
-		fmt.Fprintf(w, "targets, mr scope, %s: untouched QPs %s (target ≥ %.2f×: %s); critical section minus dirty copy p50 %.1f µs, p99 %.1f µs (target ≤ %d µs: p50 %s, p99 %s)\n",
+		host := ""
+		if !math.IsNaN(float64(r.HostDelayP99Us)) {
+			host = fmt.Sprintf("; the host alone delays %.1f µs of work by p99 %.1f µs", float64(r.HostWindowUs), float64(r.HostDelayP99Us))
+		}
+		fmt.Fprintf(w, "targets, mr scope, %s: untouched QPs %s (target ≥ %.2f×: %s); critical section minus dirty copy p50 %.1f µs, p99 %.1f µs (target ≤ %d µs: p50 %s, p99 %s)%s\n",
 			r.Policy, untouched, TargetUntouchedRatio, untouchedVerdict(r.Untouched),
 			r.OverheadP50Us, r.OverheadP99Us, TargetOverheadUs,
-			verdict(r.OverheadP50Us <= TargetOverheadUs), verdict(r.OverheadP99Us <= TargetOverheadUs))
+			verdict(r.OverheadP50Us <= TargetOverheadUs), verdict(r.OverheadP99Us <= TargetOverheadUs), host)
 	}
 	return nil
+}
+
+// writeHost prints the host probe's lines under the table: what a busy
+// thread lost, and the delay the host adds to work as long as each row's
+// critical section p50.
+func writeHost(w io.Writer, rs []Result) {
+	if len(rs) == 0 {
+		return
+	}
+	h := rs[0]
+	if h.HostReads == 0 {
+		fmt.Fprintln(w, "host: not probed")
+		return
+	}
+	fmt.Fprintf(w, "host (probed %.0f ms before the rows, one thread spinning on the clock, %d reads): a busy thread lost >10 µs %.0f×/s, >20 µs %.0f×/s, >40 µs %.0f×/s, >100 µs %.0f×/s; longest %.0f µs\n",
+		float64(h.HostProbeMs), h.HostReads, float64(h.HostOver10PerS), float64(h.HostOver20PerS),
+		float64(h.HostOver40PerS), float64(h.HostOver100PerS), float64(h.HostMaxGapUs))
+	var b strings.Builder
+	for i, r := range rs {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%s/%s ", r.Scope, r.Policy)
+		if math.IsNaN(float64(r.HostDelayP99Us)) {
+			b.WriteString("-")
+			continue
+		}
+		fmt.Fprintf(&b, "%.1f µs: %.1f/%.1f (%.1f%%)", float64(r.HostWindowUs), float64(r.HostDelayP50Us),
+			float64(r.HostDelayP99Us), 100*float64(r.HostDelayOver20))
+	}
+	fmt.Fprintf(w, "host delay to work as long as the row's crit p50, started at random, p50/p99 µs (share delayed >20 µs): %s\n", b.String())
 }
 
 // untouchedVerdict is target (a)'s verdict: n/a when every QP writes MR 0.

@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"github.com/softrdma/softrdma"
+	"github.com/softrdma/softrdma/bench/hoststall"
 	"github.com/softrdma/softrdma/hostmem"
 )
 
@@ -80,6 +81,12 @@ type Config struct {
 	// covers (pinned like the MRs when they are), every Period, pausing
 	// nothing.
 	Controls bool
+	// HostProbe is how long the host's floor is probed before the rows
+	// (hoststall.Measure: one thread spinning on the clock, which keeps a
+	// CPU busy that long); default 1 s, negative: no probe. Every row
+	// reports the delay the host alone adds to work as long as its
+	// critical section's p50 (Result.HostDelayP99Us).
+	HostProbe time.Duration
 	// Netns, if set, puts the two devices in two network namespaces
 	// joined by a veth pair (see NewNetns); default: both on 127.0.0.1.
 	Netns *Netns
@@ -89,17 +96,18 @@ type Config struct {
 
 // Defaults of Config.
 const (
-	DefaultQPs      = 8
-	DefaultMRs      = 4
-	DefaultPDs      = 2
-	DefaultMRSize   = 1 << 20
-	DefaultMsgSize  = 16 << 10
-	DefaultWindow   = 8
-	DefaultDuration = 500 * time.Millisecond
-	DefaultSlice    = 100 * time.Millisecond
-	DefaultSettle   = 10 * time.Millisecond
-	DefaultPeriod   = 10 * time.Millisecond
-	DefaultRNRTimer = 12
+	DefaultQPs       = 8
+	DefaultMRs       = 4
+	DefaultPDs       = 2
+	DefaultMRSize    = 1 << 20
+	DefaultMsgSize   = 16 << 10
+	DefaultWindow    = 8
+	DefaultDuration  = 500 * time.Millisecond
+	DefaultSlice     = 100 * time.Millisecond
+	DefaultSettle    = 10 * time.Millisecond
+	DefaultPeriod    = 10 * time.Millisecond
+	DefaultRNRTimer  = 12
+	DefaultHostProbe = time.Second
 )
 
 // AllScopes and AllPolicies are the defaults of Config.Scopes and
@@ -149,6 +157,9 @@ func (c Config) WithDefaults() Config {
 	if c.RNRTimer == 0 {
 		c.RNRTimer = DefaultRNRTimer
 	}
+	if c.HostProbe == 0 {
+		c.HostProbe = DefaultHostProbe
+	}
 	return c
 }
 
@@ -163,6 +174,10 @@ const (
 	// the duty near 1, and a 1 ns Period measures nothing but back-to-back
 	// remaps.
 	MinPeriod = time.Millisecond
+	// MaxHostProbe is the longest Config.HostProbe: the probe's gap
+	// buffer (hoststall.DefaultMaxGaps) holds about a minute of this
+	// host's gaps.
+	MaxHostProbe = time.Minute
 )
 
 // Validate checks a configuration with its defaults applied.
@@ -200,6 +215,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("scopes: ODP MRs need the odp profile, not %q", c.Profile)
 	case c.RNRTimer > 31:
 		return fmt.Errorf("scopes: RNR timer %d: 0-31", c.RNRTimer)
+	case c.HostProbe > MaxHostProbe:
+		return fmt.Errorf("scopes: host probe %v: at most %v", c.HostProbe, MaxHostProbe)
 	}
 	for _, s := range c.Scopes {
 		if !s.Valid() {
@@ -303,13 +320,39 @@ type Result struct {
 	CPUs            float64 `json:"cpus"`
 	BaselineCPUs    float64 `json:"baseline_cpus"`
 
+	// The host's floor (Config.HostProbe, package hoststall): what one
+	// thread spinning on the clock for HostProbeMs before the rows lost,
+	// the same in every row. HostWindowUs is the row's CriticalP50Us, W.
+	// HostDelayP50Us and HostDelayP99Us are the delay the host alone adds
+	// to W of work started at a random moment (hoststall.Report.Delay),
+	// and HostDelayOver20 the share of such work delayed more than 20 µs:
+	// above 0.01, no critical section of W can have a p99 within 20 µs
+	// of its work here. HostStallP50Us and HostStallP99Us are the stall
+	// inside a wall-clock window of W (hoststall.Report.Stall; at most W).
+	// NaN (JSON null, an empty CSV field) without a probe, and the W
+	// figures when W is 0 or longer than the probe.
+	HostProbeMs     Ratio `json:"host_probe_ms"`
+	HostReads       int64 `json:"host_reads"`           // clock reads in the probe (0: no probe)
+	HostOver10PerS  Ratio `json:"host_gaps_over_10us"`  // gaps longer than 10 µs per second
+	HostOver20PerS  Ratio `json:"host_gaps_over_20us"`  // … 20 µs
+	HostOver40PerS  Ratio `json:"host_gaps_over_40us"`  // … 40 µs
+	HostOver100PerS Ratio `json:"host_gaps_over_100us"` // … 100 µs
+	HostMaxGapUs    Ratio `json:"host_gap_max_us"`
+	HostWindowUs    Ratio `json:"host_window_us"`
+	HostDelayP50Us  Ratio `json:"host_delay_p50_us"`
+	HostDelayP99Us  Ratio `json:"host_delay_p99_us"`
+	HostDelayOver20 Ratio `json:"host_delay_over_20us"`
+	HostStallP50Us  Ratio `json:"host_stall_p50_us"`
+	HostStallP99Us  Ratio `json:"host_stall_p99_us"`
+
 	// Reports are the remaps' own reports, in order (not in the JSON or
 	// CSV output).
 	Reports []softrdma.RemapReport `json:"-"`
 }
 
-// Ratio is a throughput ratio (or a throughput, MB/s), NaN when its group
-// of QPs is empty; NaN encodes as JSON null and as an empty CSV field.
+// Ratio is a throughput ratio (or a throughput, MB/s, or one of the host
+// probe's figures), NaN when its group of QPs is empty (or there is no
+// figure); NaN encodes as JSON null and as an empty CSV field.
 type Ratio float64
 
 // ratioOf is x / base, NaN when base is not positive: a group whose
@@ -368,6 +411,19 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	logf := cfg.Logf
 	if logf == nil {
 		logf = func(string, ...any) {}
+	}
+	// The host's floor, before anything of the experiment runs, so that
+	// it is the host's (the hypervisor, other processes) and not our
+	// traffic's.
+	var host *hoststall.Report
+	if cfg.HostProbe > 0 {
+		h, err := hoststall.Measure(ctx, cfg.HostProbe, hoststall.Options{})
+		if err != nil {
+			return nil, fmt.Errorf("scopes: host probe: %w", err)
+		}
+		host = &h
+		logf("scopes: host probe %v: %d clock reads, gaps >20 µs %.0f/s, >100 µs %.0f/s, longest %.0f µs",
+			h.Duration, h.Reads, h.Rate(20*time.Microsecond), h.Rate(100*time.Microsecond), us(h.Max))
 	}
 	b, err := newBed(cfg)
 	if err != nil {
@@ -439,6 +495,7 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 			return nil, fmt.Errorf("scopes: %s/%v: %w", row.label, row.policy, err)
 		}
 		r := b.result(row, m)
+		hostFields(&r, host)
 		untouched := "-" // every QP writes MR 0, as in the table
 		if !math.IsNaN(float64(r.Untouched)) {
 			untouched = fmt.Sprintf("%.3f× (cycles %.3f–%.3f)", float64(r.Untouched), r.RatioP25, r.RatioP75)
@@ -973,6 +1030,35 @@ func (b *bed) result(row *remapRun, m measurement) Result {
 	r.OverheadP50Us, r.OverheadP99Us = pct(over, 50), pct(over, 99)
 	return r
 }
+
+// hostFields fills r's host columns from the probe (nil: none), with W
+// the row's critical section p50.
+func hostFields(r *Result, h *hoststall.Report) {
+	nan := Ratio(math.NaN())
+	r.HostProbeMs, r.HostOver10PerS, r.HostOver20PerS, r.HostOver40PerS, r.HostOver100PerS = nan, nan, nan, nan, nan
+	r.HostMaxGapUs, r.HostWindowUs = nan, nan
+	r.HostDelayP50Us, r.HostDelayP99Us, r.HostDelayOver20, r.HostStallP50Us, r.HostStallP99Us = nan, nan, nan, nan, nan
+	if h == nil {
+		return
+	}
+	r.HostProbeMs = Ratio(ms(h.Duration))
+	r.HostReads = h.Reads
+	r.HostOver10PerS = Ratio(h.Rate(10 * time.Microsecond))
+	r.HostOver20PerS = Ratio(h.Rate(20 * time.Microsecond))
+	r.HostOver40PerS = Ratio(h.Rate(40 * time.Microsecond))
+	r.HostOver100PerS = Ratio(h.Rate(100 * time.Microsecond))
+	r.HostMaxGapUs = Ratio(us(h.Max))
+	r.HostWindowUs = Ratio(r.CriticalP50Us)
+	w := time.Duration(math.Round(r.CriticalP50Us * 1e3))
+	if wd, err := h.Delay(w); err == nil { // else no remap, or W longer than the probe
+		r.HostDelayP50Us, r.HostDelayP99Us, r.HostDelayOver20 = Ratio(us(wd.P50)), Ratio(us(wd.P99)), Ratio(wd.Over20)
+	}
+	if ws, err := h.Stall(w); err == nil {
+		r.HostStallP50Us, r.HostStallP99Us = Ratio(us(ws.P50)), Ratio(us(ws.P99))
+	}
+}
+
+func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
 
 // cpuTime is the process's user plus system time so far.
 func cpuTime() time.Duration {

@@ -50,6 +50,7 @@ type benchScopesCmd struct {
 	JSON        bool          `name:"json" help:"Print the results as JSON instead of the table."`
 	Plot        string        `name:"plot" placeholder:"FILE.svg" help:"Also plot the results into FILE (.svg, .png or .pdf)."`
 	MaxMem      byteSize      `name:"max-mem" default:"4G" help:"Most bytes of MRs the responder registers (--mrs × --mr-size)."`
+	HostProbe   time.Duration `name:"host-probe" default:"1s" placeholder:"DURATION" help:"Before the rows, spin one thread on the clock this long and report how often the host stalled it and the delay it adds to work as long as each row's critical section p50 (0: no probe; at most 1m)."`
 }
 
 // config converts the flags.
@@ -58,6 +59,7 @@ func (c *benchScopesCmd) config() (scopes.Config, error) {
 		QPs: c.QPs, MRs: c.MRs, PDs: c.PDs, MRSize: int(c.MRSize), MsgSize: int(c.Size), Window: c.Window,
 		Duration: c.Duration, Slice: min(c.Slice, c.Duration), Settle: c.Settle, Period: c.Period, Profile: softrdma.Profile(c.Profile),
 		Kind: scopes.MRKind(c.MRKind), NoAdvertise: c.NoAdvertise, RNRTimer: c.RNRTimer, Controls: c.Controls,
+		HostProbe: c.HostProbe,
 	}
 	if len(c.Scope) == 0 {
 		return cfg, errors.New("--scope: no scope given")
@@ -90,6 +92,14 @@ func (c *benchScopesCmd) config() (scopes.Config, error) {
 	}
 	if c.Settle == 0 {
 		cfg.Settle = time.Nanosecond // 0 means the default in scopes.Config
+	}
+	switch {
+	case c.HostProbe < 0:
+		return cfg, fmt.Errorf("--host-probe %v: must be 0 (no probe) or more", c.HostProbe)
+	case c.HostProbe > scopes.MaxHostProbe:
+		return cfg, fmt.Errorf("--host-probe %v: at most %v", c.HostProbe, scopes.MaxHostProbe)
+	case c.HostProbe == 0:
+		cfg.HostProbe = -1 // 0 means the default in scopes.Config
 	}
 	if c.RNRTimer == 0 || c.RNRTimer > 31 {
 		return cfg, fmt.Errorf("--rnr-timer %d: 1-31 (0, 655 ms, is not supported here)", c.RNRTimer)

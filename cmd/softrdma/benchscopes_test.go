@@ -19,26 +19,33 @@ func TestBenchScopes(t *testing.T) {
 	dir := t.TempDir()
 	csvPath, svgPath := filepath.Join(dir, "s.csv"), filepath.Join(dir, "s.svg")
 	short := []string{"bench", "scopes", "-D", "100ms", "--slice", "50ms", "--settle", "5ms", "-T", "5ms", "--mr-size", "128K", "--policy", "hold"}
-	code, out, errOut := runCLI(t, append(short, "--scope", "mr,device", "--csv", csvPath, "--plot", svgPath)...)
+	code, out, errOut := runCLI(t, append(short, "--scope", "mr,device", "--csv", csvPath, "--plot", svgPath, "--host-probe", "50ms")...)
 	require.Equal(t, exitOK, code, "stderr: %s", errOut)
 	require.Contains(t, out, "scope experiment (loopback): 8 QPs over 4 MRs in 2 PDs")
 	require.Contains(t, out, "targets, mr scope, hold: untouched QPs ")
+	require.Contains(t, out, "\nhost (probed 50 ms before the rows, one thread spinning on the clock, ")
+	require.Contains(t, out, "\nhost delay to work as long as the row's crit p50, started at random, p50/p99 µs (share delayed >20 µs): mr/hold ")
+	require.Contains(t, out, "; the host alone delays ")
 	f, err := os.Open(csvPath)
 	require.NoError(t, err)
 	defer f.Close()
 	recs, err := csv.NewReader(f).ReadAll()
 	require.NoError(t, err)
 	require.Len(t, recs, 3) // header, mr, device
+	require.Equal(t, "host_stall_p99_us", recs[0][len(recs[0])-1])
+	require.NotEmpty(t, recs[1][len(recs[0])-1], "probed")
 	svg, err := os.ReadFile(svgPath)
 	require.NoError(t, err)
 	require.True(t, strings.Contains(string(svg), "<svg"))
 
-	code, out, errOut = runCLI(t, append(short, "--json", "--scope", "pd")...)
+	code, out, errOut = runCLI(t, append(short, "--json", "--scope", "pd", "--host-probe", "0")...)
 	require.Equal(t, exitOK, code, "stderr: %s", errOut)
 	var rs []map[string]any
 	require.NoError(t, json.Unmarshal([]byte(out), &rs))
 	require.Len(t, rs, 1)
 	require.Equal(t, "pd", rs[0]["scope"])
+	require.Equal(t, 0.0, rs[0]["host_reads"], "--host-probe 0: no probe")
+	require.Nil(t, rs[0]["host_delay_p99_us"])
 }
 
 func TestBenchScopesBadFlags(t *testing.T) {
@@ -77,6 +84,8 @@ func TestBenchScopesBadFlags(t *testing.T) {
 		// -T has a floor: a remap call takes several hundred µs.
 		{[]string{"-T", "1ns"}, "-T/--period 1ns: at least 1ms"},
 		{[]string{"-T", "999us"}, "-T/--period 999µs: at least 1ms"},
+		{[]string{"--host-probe", "-1s"}, "--host-probe -1s: must be 0 (no probe) or more"},
+		{[]string{"--host-probe", "2m"}, "--host-probe 2m0s: at most 1m0s"},
 	} {
 		code, _, errOut := runCLI(t, append([]string{"bench", "scopes"}, c.args...)...)
 		require.Equal(t, exitUsage, code, "%v: %s", c.args, errOut)
@@ -129,14 +138,18 @@ func TestBenchScopesNetns(t *testing.T) {
 // TestBenchScopesInterrupted: Ctrl-C (the context cancelled) during the
 // experiment ends it with exit 1 and "interrupted", as the other commands
 // say (docs/cli.md), not Go's "context canceled" after the row it was in
-// ("mr/hold: context canceled"), and writes no --csv.
+// ("mr/hold: context canceled"), and writes no --csv; during the host
+// probe (1 s by default) too.
 func TestBenchScopesInterrupted(t *testing.T) {
 	csvPath := filepath.Join(t.TempDir(), "s.csv")
-	for _, after := range []time.Duration{0, 150 * time.Millisecond} {
+	for _, c := range []struct {
+		after time.Duration
+		probe string
+	}{{0, "0"}, {150 * time.Millisecond, "0"}, {150 * time.Millisecond, "1s"}} {
 		ctx, cancel := context.WithCancel(context.Background())
-		time.AfterFunc(after, cancel)
+		time.AfterFunc(c.after, cancel)
 		var o, e strings.Builder
-		code := run(ctx, []string{"bench", "scopes", "-D", "2s", "--mr-size", "128K", "--policy", "hold", "--csv", csvPath}, &o, &e)
+		code := run(ctx, []string{"bench", "scopes", "-D", "2s", "--mr-size", "128K", "--policy", "hold", "--csv", csvPath, "--host-probe", c.probe}, &o, &e)
 		cancel()
 		require.Equal(t, exitFail, code, "stderr: %s", e.String())
 		require.Contains(t, e.String(), "softrdma: bench scopes: interrupted\n")
