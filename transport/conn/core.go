@@ -78,6 +78,13 @@ type core struct {
 	// idVictim the one to refill next. Guarded by txMu.
 	idTabs   [2]wire.ICRCIDTable
 	idVictim int
+	// rxPrefixes caches the ICRC prefixes (the IP and UDP part, for IPv4
+	// ID 0) of the last two (source, length) pairs received: a stream's
+	// packets have one or two lengths (an RDMA WRITE's FIRST with its
+	// RETH, then MIDDLEs and a LAST), so verify hashes the packet from its
+	// BTH on instead of the five header words first. Guarded by rxMu.
+	rxPrefixes [2]rxPrefix
+	rxVictim   int
 	// checkDst validates and normalizes a destination.
 	checkDst func(netip.AddrPort) (netip.AddrPort, bool)
 
@@ -618,14 +625,54 @@ func (it *item) ipInfo() IPInfo {
 }
 
 // verify checks the ICRC of a packet received from from, with IPv4 ID
-// hint as the first guess. It returns the ID that verified, or hint.
+// hint as the first guess. It returns the ID that verified, or hint. It
+// is wire.VerifyICRC's check (the same packets pass, with the same ID),
+// from a cached prefix: the packet is hashed for ID 0 once, the hint is
+// tried by the table of ID changes (a GSO segment's ID is its position,
+// under 64), and otherwise the ID is solved for. Called with rxMu held.
 func (c *core) verify(b []byte, from netip.AddrPort, hint uint16) (bool, uint16) {
 	if c.noICRC {
 		return true, hint
 	}
-	h := wire.IPHeader{Src: from.Addr(), Dst: c.local.Addr(), ID: hint, DF: true}
-	if ok, id := wire.VerifyICRC(&h, from.Port(), c.local.Port(), b); ok {
+	if len(b) < wire.BTHSize+wire.ICRCSize {
+		return false, hint
+	}
+	e := c.rxPrefix(from, len(b))
+	got := e.p.Begin(b).Update(b[wire.BTHSize : len(b)-wire.ICRCSize]).Sum() // for ID 0
+	if hint != 0 && hint < 64 {
+		if e.ids.Len() != len(b) {
+			e.ids.Fill(len(b)) // once per entry, at its first hint
+		}
+		if got^e.ids.Delta(hint) == wire.PacketICRC(b) {
+			return true, hint
+		}
+	}
+	h := wire.IPHeader{Src: from.Addr(), Dst: c.local.Addr(), DF: true}
+	if ok, id := wire.CheckICRC(&h, got, b); ok {
 		return true, id
 	}
 	return false, hint
+}
+
+// rxPrefix is a cached ICRC prefix of received packets (core.rxPrefixes).
+type rxPrefix struct {
+	from   netip.AddrPort // the zero value: empty
+	pktLen int
+	p      wire.ICRCPrefix  // for IPv4 ID 0 and DF, to the conn's address
+	ids    wire.ICRCIDTable // filled at the entry's first hint (IPv4)
+}
+
+// rxPrefix returns the cache entry of packets of pktLen bytes from from,
+// filling the older entry on a miss. Called with rxMu held.
+func (c *core) rxPrefix(from netip.AddrPort, pktLen int) *rxPrefix {
+	for i := range c.rxPrefixes {
+		if e := &c.rxPrefixes[i]; e.from == from && e.pktLen == pktLen {
+			return e
+		}
+	}
+	e := &c.rxPrefixes[c.rxVictim]
+	c.rxVictim ^= 1
+	h := wire.IPHeader{Src: from.Addr(), Dst: c.local.Addr(), DF: true}
+	*e = rxPrefix{from: from, pktLen: pktLen, p: wire.NewICRCPrefix(&h, from.Port(), c.local.Port(), pktLen)}
+	return e
 }

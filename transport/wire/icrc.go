@@ -424,8 +424,21 @@ func VerifyICRC(h *IPHeader, srcPort, dstPort uint16, pkt []byte) (ok bool, id u
 	if len(pkt) < BTHSize+ICRCSize {
 		return false, 0
 	}
+	return CheckICRC(h, ComputeICRC(h, srcPort, dstPort, pkt[:len(pkt)-ICRCSize]), pkt)
+}
+
+// CheckICRC is VerifyICRC for a packet whose ICRC with the IP header
+// fields h (h.ID included) has already been computed, got: from a cached
+// ICRCPrefix (ICRCPrefix.Begin, ICRCState.Update and Sum over the packet
+// without its trailer), say. It compares got with the ICRC stored in the
+// last 4 bytes of pkt and, for IPv4, solves for the ID that makes them
+// match, as VerifyICRC does, returning it. pkt must be at least
+// BTHSize+ICRCSize bytes (shorter: false).
+func CheckICRC(h *IPHeader, got uint32, pkt []byte) (ok bool, id uint16) {
+	if len(pkt) < BTHSize+ICRCSize {
+		return false, 0
+	}
 	want := PacketICRC(pkt)
-	got := ComputeICRC(h, srcPort, dstPort, pkt[:len(pkt)-ICRCSize])
 	if got == want {
 		return true, h.ID
 	}
@@ -481,6 +494,12 @@ func (t *ICRCIDTable) Fill(pktLen int) {
 
 // Len returns the packet length t was filled for (0: empty).
 func (t *ICRCIDTable) Len() int { return t.pktLen }
+
+// Delta returns the change (XOR) of the ICRC of a t.Len()-byte packet
+// when its IPv4 ID changes by d (XOR), for d < 64: the ICRC for ID x^d is
+// the ICRC for ID x ^ t.Delta(d) (ICRCWithID). Only the low 6 bits of d
+// are used.
+func (t *ICRCIDTable) Delta(d uint16) uint32 { return t.t[d&63] }
 
 // SetID rewrites the ICRC trailer of pkt, computed for IPv4 ID oldID, for
 // IPv4 ID newID, as SetICRCID does; pkt must be t.Len() bytes and oldID ^
