@@ -128,6 +128,13 @@ type Report struct {
 var (
 	ErrDuration = errors.New("hoststall: probe duration must be positive")
 	ErrWindow   = errors.New("hoststall: window must be positive and at most the probe's duration")
+	// ErrClockStopped: the clock read the same value at 64 checks in a
+	// row, 65,536 reads apart (4.2 million reads, over 80 ms of spinning
+	// at 20 ns a read, where the coarsest Linux clock, jiffies at 100 Hz,
+	// ticks every 10 ms): a fake clock that stopped, or the default clock
+	// inside a testing/synctest bubble, whose time does not advance while
+	// the probe's goroutine spins.
+	ErrClockStopped = errors.New("hoststall: the clock stopped advancing")
 )
 
 // Measure spins on one goroutine locked to its OS thread for d, reading
@@ -135,7 +142,8 @@ var (
 // reads longer than opts.Threshold. It keeps the thread (and a CPU) busy
 // for d. No allocation happens in the spin: the gap buffer is allocated
 // before it. Errors: ErrDuration for d ≤ 0; ctx's error if ctx is done
-// (checked before the spin and every 65,536 reads, a few ms).
+// (checked before the spin and every 65,536 reads, a few ms);
+// ErrClockStopped if the clock stops advancing.
 func Measure(ctx context.Context, d time.Duration, opts Options) (Report, error) {
 	if d <= 0 {
 		return Report{}, ErrDuration
@@ -178,14 +186,20 @@ func Measure(ctx context.Context, d time.Duration, opts Options) (Report, error)
 	return r, nil
 }
 
+// stoppedChecks is how many checks in a row, 65,536 reads apart, must see
+// the clock unchanged for spin to give up with ErrClockStopped.
+const stoppedChecks = 64
+
 // spin is the probe's loop: it reads clock until d has passed since the
 // first read, appending to gaps (within its capacity) every interval
-// longer than thr. It does not allocate.
+// longer than thr. It does not allocate. Every 65,536 reads it checks
+// ctx and that the clock moved.
 func spin(ctx context.Context, clock func() time.Duration, d, thr time.Duration, gaps []Gap) (Report, error) {
 	start := clock()
 	prev := start
 	reads := int64(1)
 	full := false
+	checked, stuck := start, 0 // the clock at the last check, and how many checks in a row saw it
 	for {
 		now := clock()
 		if g := now - prev; g > thr {
@@ -200,8 +214,15 @@ func spin(ctx context.Context, clock func() time.Duration, d, thr time.Duration,
 		if now-start >= d {
 			break
 		}
-		if reads&0xffff == 0 && ctx.Err() != nil {
-			return Report{}, ctx.Err()
+		if reads&0xffff == 0 {
+			if err := ctx.Err(); err != nil {
+				return Report{}, err
+			}
+			if now != checked {
+				checked, stuck = now, 0
+			} else if stuck++; stuck == stoppedChecks {
+				return Report{}, ErrClockStopped
+			}
 		}
 	}
 	return Report{Duration: prev - start, Reads: reads, Threshold: thr, Full: full, Gaps: gaps}, nil

@@ -13,8 +13,9 @@
 // placement of an RDMA WRITE is a lookup plus this copy, so the copy is
 // most of what a received packet costs the responder.
 //
-// Under the race detector Copy is the built-in copy, so that the detector
-// sees every access.
+// Under the race detector, ASan or MSan Copy is the built-in copy, so that
+// the sanitizer sees every access (the compiler instruments copy, not the
+// assembler).
 package memcopy
 
 import "unsafe"

@@ -91,23 +91,47 @@ func TestCopyOverlapping(t *testing.T) {
 	}
 }
 
-// FuzzCopy compares Copy with copy for arbitrary lengths and offsets.
+// FuzzCopy compares Copy with copy for arbitrary lengths of dst and src
+// (each up to 64 KiB − 1, so either may be the shorter), arbitrary
+// offsets, and, with same set, dst and src cut from one buffer, so that
+// they overlap at every distance (including just touching, or one byte
+// into each other) or do not.
 func FuzzCopy(f *testing.F) {
-	f.Add(uint16(4096), uint8(100), uint8(0), uint64(1))
-	f.Add(uint16(256), uint8(63), uint8(1), uint64(2))
-	f.Add(uint16(255), uint8(0), uint8(0), uint64(3))
-	f.Fuzz(func(t *testing.T, n uint16, doff, soff uint8, seed uint64) {
+	f.Add(uint16(4096), uint16(4096), uint16(100), uint16(0), false, uint64(1))
+	f.Add(uint16(256), uint16(256), uint16(63), uint16(1), false, uint64(2))
+	f.Add(uint16(255), uint16(255), uint16(0), uint16(0), false, uint64(3))
+	f.Add(uint16(8192), uint16(300), uint16(7), uint16(9), false, uint64(4))
+	f.Add(uint16(300), uint16(8192), uint16(7), uint16(9), false, uint64(5))
+	f.Add(uint16(300), uint16(300), uint16(300), uint16(0), true, uint64(6)) // touching: no overlap
+	f.Add(uint16(300), uint16(300), uint16(299), uint16(0), true, uint64(7)) // one byte of overlap
+	f.Add(uint16(300), uint16(300), uint16(0), uint16(299), true, uint64(8))
+	f.Fuzz(func(t *testing.T, dn, sn, doff, soff uint16, same bool, seed uint64) {
 		r := rand.New(rand.NewPCG(seed, 0))
-		src := make([]byte, int(soff)+int(n))
-		for i := range src {
-			src[i] = byte(r.Uint32())
+		fill := func(b []byte) {
+			for i := range b {
+				b[i] = byte(r.Uint32())
+			}
 		}
-		dst := make([]byte, int(doff)+int(n)+64)
+		if same {
+			buf := make([]byte, max(int(doff)+int(dn), int(soff)+int(sn))+64)
+			fill(buf)
+			want := bytes.Clone(buf)
+			copy(want[doff:int(doff)+int(dn)], want[soff:int(soff)+int(sn)])
+			Copy(buf[doff:int(doff)+int(dn)], buf[soff:int(soff)+int(sn)])
+			if !bytes.Equal(buf, want) {
+				t.Fatalf("one buffer, dst [%d, +%d) src [%d, +%d): Copy differs from copy", doff, dn, soff, sn)
+			}
+			return
+		}
+		src := make([]byte, int(soff)+int(sn))
+		fill(src)
+		dst := make([]byte, int(doff)+int(dn)+64)
+		fill(dst)
 		want := bytes.Clone(dst)
-		copy(want[doff:], src[soff:])
-		Copy(dst[doff:int(doff)+int(n)], src[soff:])
+		copy(want[doff:int(doff)+int(dn)], src[soff:])
+		Copy(dst[doff:int(doff)+int(dn)], src[soff:])
 		if !bytes.Equal(dst, want) {
-			t.Fatalf("n %d doff %d soff %d: Copy differs from copy", n, doff, soff)
+			t.Fatalf("dst %d at %d, src %d at %d: Copy differs from copy", dn, doff, sn, soff)
 		}
 	})
 }
