@@ -2,9 +2,10 @@
 // host, the way hwlatdetect and cyclictest do: one thread spins reading a
 // monotonic clock and every interval between two consecutive reads longer
 // than a threshold is a stall the thread did not cause (the hypervisor
-// descheduled the vCPU, an interrupt, another thread ran). It is the
-// floor under any latency the host can deliver: no code can finish a
-// critical section faster than the host lets its thread run.
+// descheduled the vCPU, an interrupt, another thread ran). It estimates
+// the floor under any latency the host can deliver: a critical section
+// cannot finish faster than the host lets its thread run. It is a sample
+// (one unpinned thread, for the probe's duration), not a bound.
 //
 // Two figures follow from the gaps, both computed exactly rather than
 // sampled:
