@@ -83,7 +83,8 @@ type Config struct {
 	Controls bool
 	// HostProbe is how long the host's floor is probed before the rows
 	// (hoststall.Measure: one thread spinning on the clock, which keeps a
-	// CPU busy that long); default 1 s, negative: no probe. Every row
+	// CPU busy that long); default 1 s, negative: no probe, otherwise
+	// MinHostProbe to MaxHostProbe. Every row
 	// reports the delay the host alone adds to work as long as its
 	// critical section's p50 (Result.HostDelayP99Us).
 	HostProbe time.Duration
@@ -178,6 +179,12 @@ const (
 	// buffer (hoststall.DefaultMaxGaps) holds about a minute of this
 	// host's gaps.
 	MaxHostProbe = time.Minute
+	// MinHostProbe is the shortest Config.HostProbe: a probe shorter
+	// than one period of the kernel's timer tick (10 ms at HZ=100, 4 ms
+	// at 250) can miss the host's periodic interruptions altogether and
+	// report "0×/s" for a host that stalls thousands of times a second;
+	// a 1-ns probe made 2 clock reads and reported exactly that.
+	MinHostProbe = 10 * time.Millisecond
 )
 
 // Validate checks a configuration with its defaults applied.
@@ -217,6 +224,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("scopes: RNR timer %d: 0-31", c.RNRTimer)
 	case c.HostProbe > MaxHostProbe:
 		return fmt.Errorf("scopes: host probe %v: at most %v", c.HostProbe, MaxHostProbe)
+	case c.HostProbe > 0 && c.HostProbe < MinHostProbe:
+		return fmt.Errorf("scopes: host probe %v: at least %v (or negative: no probe)", c.HostProbe, MinHostProbe)
 	}
 	for _, s := range c.Scopes {
 		if !s.Valid() {
@@ -423,7 +432,7 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		}
 		host = &h
 		logf("scopes: host probe %v: %d clock reads, gaps >20 µs %.0f/s, >100 µs %.0f/s, longest %.0f µs",
-			h.Duration, h.Reads, h.Rate(20*time.Microsecond), h.Rate(100*time.Microsecond), us(h.Max))
+			h.Duration.Round(time.Millisecond), h.Reads, h.Rate(20*time.Microsecond), h.Rate(100*time.Microsecond), us(h.Max))
 	}
 	b, err := newBed(cfg)
 	if err != nil {
