@@ -61,7 +61,7 @@ func WriteTable(w io.Writer, cfg Config, rs []Result) error {
 		return err
 	}
 	fmt.Fprintln(w, "\n× : throughput in the slices with remaps over the slices without, interleaved with them; * : scope widened by the profile.")
-	fmt.Fprintln(w, "copy µs: mean per remap of the pages re-copied in the critical section × the median pre-copy time per page; crit−copy: critical section minus that copy, per remap.")
+	fmt.Fprintln(w, "copy µs: mean per remap of the pages re-copied in the critical section × the median pre-copy time per page (at most the critical section); crit−copy: critical section minus that copy, per remap.")
 	fmt.Fprintln(w, "in remap ×: untouched QPs while a remap call runs; remap µs: p50 wall time of the call; duty: share of the run inside remap calls;")
 	fmt.Fprintln(w, "switch µs: p50 time after the resume while the NIC writes old and new frames and the view switches;")
 	fmt.Fprintln(w, "cycles p25–p75: quartiles of the untouched ratio cycle by cycle (the noise); delayed KiB: bytes delayed per remap.")

@@ -50,7 +50,7 @@ type benchScopesCmd struct {
 	JSON        bool          `name:"json" help:"Print the results as JSON instead of the table."`
 	Plot        string        `name:"plot" placeholder:"FILE.svg" help:"Also plot the results into FILE (.svg, .png or .pdf)."`
 	MaxMem      byteSize      `name:"max-mem" default:"4G" help:"Most bytes of MRs the responder registers (--mrs × --mr-size)."`
-	HostProbe   time.Duration `name:"host-probe" default:"1s" placeholder:"DURATION" help:"Before the rows, spin one thread on the clock this long and report how often the host stalled it and the delay it adds to work as long as each row's critical section p50 (0: no probe; at most 1m)."`
+	HostProbe   time.Duration `name:"host-probe" default:"1s" help:"Before the rows, spin one thread on the clock this long and report how often the host stalled it and the delay it adds to work as long as each row's critical section p50 (0: no probe; else 10ms to 1m)."`
 }
 
 // config converts the flags.
@@ -98,6 +98,10 @@ func (c *benchScopesCmd) config() (scopes.Config, error) {
 		return cfg, fmt.Errorf("--host-probe %v: must be 0 (no probe) or more", c.HostProbe)
 	case c.HostProbe > scopes.MaxHostProbe:
 		return cfg, fmt.Errorf("--host-probe %v: at most %v", c.HostProbe, scopes.MaxHostProbe)
+	case c.HostProbe > 0 && c.HostProbe < scopes.MinHostProbe:
+		// A probe shorter than a timer tick can see no stall at all and
+		// print "0×/s" for a host that stalls thousands of times a second.
+		return cfg, fmt.Errorf("--host-probe %v: must be 0 (no probe) or at least %v", c.HostProbe, scopes.MinHostProbe)
 	case c.HostProbe == 0:
 		cfg.HostProbe = -1 // 0 means the default in scopes.Config
 	}

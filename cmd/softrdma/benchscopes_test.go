@@ -86,6 +86,10 @@ func TestBenchScopesBadFlags(t *testing.T) {
 		{[]string{"-T", "999us"}, "-T/--period 999µs: at least 1ms"},
 		{[]string{"--host-probe", "-1s"}, "--host-probe -1s: must be 0 (no probe) or more"},
 		{[]string{"--host-probe", "2m"}, "--host-probe 2m0s: at most 1m0s"},
+		// A probe of 1 ns made 2 clock reads and printed "lost >10 µs
+		// 0×/s" for a host that stalls thousands of times a second.
+		{[]string{"--host-probe", "1ns"}, "--host-probe 1ns: must be 0 (no probe) or at least 10ms"},
+		{[]string{"--host-probe", "9ms"}, "--host-probe 9ms: must be 0 (no probe) or at least 10ms"},
 	} {
 		code, _, errOut := runCLI(t, append([]string{"bench", "scopes"}, c.args...)...)
 		require.Equal(t, exitUsage, code, "%v: %s", c.args, errOut)
@@ -113,6 +117,16 @@ func TestBenchScopesBadFlags(t *testing.T) {
 	entries, err := os.ReadDir(dir)
 	require.NoError(t, err)
 	require.Len(t, entries, 1, "no scratch file left")
+}
+
+// TestBenchScopesHelpShowsHostProbeDefault: --help shows --host-probe's
+// default (1s) as it shows every other duration's; a placeholder
+// (--host-probe=DURATION) hid it, though the probe runs by default.
+func TestBenchScopesHelpShowsHostProbeDefault(t *testing.T) {
+	code, out, _ := runCLI(t, "bench", "scopes", "--help")
+	require.Equal(t, exitOK, code)
+	require.Contains(t, out, "--host-probe=1s")
+	require.Contains(t, out, "-D, --duration=500ms")
 }
 
 // TestBenchScopesNetns runs the experiment with --netns: the devices in

@@ -50,7 +50,7 @@ type toolCmd struct {
 	RDMACM      bool     `short:"R" name:"rdma_cm" aliases:"rdma-cm" help:"Connect with the RDMA CM, as perftest's -R: the exchange over an RC connection to the server's rdma_cm port -p, the QPs connected by the CM."`
 	RoCEPort    *int     `name:"roce-port" placeholder:"PORT" help:"Client with -R: the UDP port of the server's RoCEv2 device, where the CM sends its MADs (default 4791)."`
 	QPTimeout   count    `short:"u" name:"qp-timeout" default:"14" help:"QP timeout exponent (1-31): retransmit after 4.096 µs × 2^N without an ACK (perftest -u)."`
-	Inline      int      `short:"I" name:"inline_size" aliases:"inline-size" default:"-1" help:"Max inline data in bytes. Default: 220 (write-lat), 236 (send-lat), else 0."`
+	Inline      int      `short:"I" name:"inline_size" aliases:"inline-size" default:"-1" placeholder:"BYTES" help:"Max inline data in bytes. Default: 220 (write-lat), 236 (send-lat), else 0."`
 	Atomic      string   `short:"A" name:"atomic_type" aliases:"atomic-type" enum:"FETCH_AND_ADD,CMP_AND_SWAP" default:"FETCH_AND_ADD" help:"atomic-bw: FETCH_AND_ADD or CMP_AND_SWAP."`
 	ReportGbits bool     `name:"report_gbits" aliases:"report-gbits" help:"Report BW in Gb/sec instead of MB/sec."`
 	JSON        bool     `name:"json" help:"Print the results as JSON."`
