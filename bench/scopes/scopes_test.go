@@ -111,7 +111,7 @@ func TestRun(t *testing.T) {
 	t.Logf("\n%s", tab.String())
 	require.Contains(t, tab.String(), "targets, mr scope, hold: untouched QPs ")
 	require.Contains(t, tab.String(), "\nhost (probed ")
-	require.Contains(t, tab.String(), "\nhost delay to work as long as the row's crit p50, started at random, p50/p99 µs (share delayed >20 µs): mr/hold ")
+	require.Contains(t, tab.String(), "\nhost delay to W µs of work (W = the row's crit p50) started at a random moment, p50/p99 µs (share delayed >20 µs): mr/hold ")
 
 	var js bytes.Buffer
 	require.NoError(t, scopes.WriteJSON(&js, rs))

@@ -50,7 +50,7 @@ type benchScopesCmd struct {
 	JSON        bool          `name:"json" help:"Print the results as JSON instead of the table."`
 	Plot        string        `name:"plot" placeholder:"FILE.svg" help:"Also plot the results into FILE (.svg, .png or .pdf)."`
 	MaxMem      byteSize      `name:"max-mem" default:"4G" help:"Most bytes of MRs the responder registers (--mrs × --mr-size)."`
-	HostProbe   time.Duration `name:"host-probe" default:"1s" help:"Before the rows, spin one thread on the clock this long and report how often the host stalled it and the delay it adds to work as long as each row's critical section p50 (0: no probe; else 10ms to 1m)."`
+	HostProbe   time.Duration `name:"host-probe" default:"1s" help:"Before the rows, spin one thread on the clock this long and report how often the host stalled it and the delay it adds to W µs of work, W being each row's critical section p50: the floor under the p99 (0: no probe; else 10ms to 1m)."`
 }
 
 // config converts the flags.

@@ -24,7 +24,7 @@ func TestBenchScopes(t *testing.T) {
 	require.Contains(t, out, "scope experiment (loopback): 8 QPs over 4 MRs in 2 PDs")
 	require.Contains(t, out, "targets, mr scope, hold: untouched QPs ")
 	require.Contains(t, out, "\nhost (probed 50 ms before the rows, one thread spinning on the clock, ")
-	require.Contains(t, out, "\nhost delay to work as long as the row's crit p50, started at random, p50/p99 µs (share delayed >20 µs): mr/hold ")
+	require.Contains(t, out, "\nhost delay to W µs of work (W = the row's crit p50) started at a random moment, p50/p99 µs (share delayed >20 µs): mr/hold ")
 	require.Contains(t, out, "; the host alone delays ")
 	f, err := os.Open(csvPath)
 	require.NoError(t, err)

@@ -112,8 +112,9 @@ func TestCheckICRCAndDelta(t *testing.T) {
 // BenchmarkVerify compares the receive check from a cached prefix
 // (core.verify) with wire.VerifyICRC, which hashes the IP and UDP header
 // words for every packet, in the same run: a 4112-byte packet (an RDMA
-// WRITE MIDDLE at MTU 4096) sent as GSO segment 5 (IPv4 ID 5, hinted) and
-// as a lone datagram (ID 0).
+// WRITE MIDDLE at MTU 4096) sent as GSO segment 5 (IPv4 ID 5, which the
+// receive path passes as the hint, the first ID to try: a segment's
+// position in its GRO buffer) and as a lone datagram (ID 0).
 func BenchmarkVerify(b *testing.B) {
 	local, from := netip.MustParseAddrPort("127.0.0.1:4791"), netip.MustParseAddrPort("127.0.0.1:50000")
 	for _, id := range []uint16{0, 5} {

@@ -327,7 +327,7 @@ var legend = []struct {
 	text  string
 }{
 	{[]string{"rdma_sends", "rdma_recvs"},
-		"rdma_sends/rdma_recvs: RDMA WRITE and READ requests sent/executed, as rxe counts them (SENDs are not counted)"},
+		"rdma_sends/rdma_recvs: RDMA WRITE and READ requests sent/executed, as rxe counts them (SENDs are not counted; the WRITE stream ends with one zero-length WRITE WITH IMM more)"},
 	{[]string{"send_rnr_err", "rcvd_rnr_err", "drop_rnr"},
 		"send_rnr_err/rcvd_rnr_err: RNR NAKs sent by a responder/received by a requester (drop_rnr: the requests they answered), a SEND\n" +
 			"   that came before its receive was posted (the tools post theirs as a stream starts); the sender retries after the\n" +
