@@ -57,7 +57,8 @@ import (
 // raw; the target is ≥ 0.8 at 64 KiB), raw-udp-loss-% (the raw
 // sender has no flow control; lost datagrams do not count as goodput),
 // framed-udp-MB/s, framed-udp-loss-% and ratio-vs-framed-udp likewise,
-// and the metrics of BenchmarkWriteBW for the parent's device. The ratio
+// framed-vs-raw-udp (framed ÷ raw: the ceiling of ratio-vs-raw-udp for an
+// engine that costs nothing beyond its packets), and the metrics of BenchmarkWriteBW for the parent's device. The ratio
 // means something only for runs of some length: use -benchtime 1s or
 // more, not the 1x smoke test.
 //
@@ -133,6 +134,12 @@ func BenchmarkWriteBWTwoProcess(b *testing.B) {
 			b.ReportMetric((framedBefore.loss+framedAfter.loss)/2, "framed-udp-loss-%")
 			if framedMBs > 0 {
 				b.ReportMetric(mbs/framedMBs, "ratio-vs-framed-udp")
+			}
+			if rawMBs > 0 && framedMBs > 0 {
+				// What the packet format alone leaves of the raw pair in
+				// this run: the ceiling of ratio-vs-raw-udp for an engine
+				// that costs nothing on top of its packets.
+				b.ReportMetric(framedMBs/rawMBs, "framed-vs-raw-udp")
 			}
 		})
 	}
