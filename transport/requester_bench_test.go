@@ -1,0 +1,107 @@
+package transport
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/softrdma/softrdma/placement"
+	"github.com/softrdma/softrdma/stag"
+	"github.com/softrdma/softrdma/transport/conn"
+	"github.com/softrdma/softrdma/transport/wire"
+)
+
+// BenchmarkRequesterWrite is the send worker's own work per RDMA WRITE at
+// path MTU 4096, without the system call: the post (PostSend without
+// waking the send worker), then the requester
+// builds the message's packets into a send batch (BTH and RETH, STag
+// lookup and gather from the MR, ICRC), which is then discarded instead
+// of sent. The floor, measured in the same run, is the per-byte work no
+// requester can skip: the same payload copied into the same slots with
+// its CRC computed on the way (wire.ICRCState.Copy), 4096 bytes at a
+// time. build ÷ floor is what the requester adds to it; write-bw's
+// sending thread spends the rest of its time in sendmmsg
+// (docs/performance.md, "Session 15").
+func BenchmarkRequesterWrite(b *testing.B) {
+	for _, size := range []int{4096, 65536} {
+		b.Run(fmt.Sprintf("size=%d/build", size), func(b *testing.B) {
+			d, qp, mr := newRequesterBench(b, size)
+			wr := SendWR{Opcode: WRRDMAWrite, SGL: []SGE{{Addr: mr.Addr(), Length: uint32(size), LKey: mr.LKey()}},
+				RemoteAddr: 0x1000, RKey: 0x1234}
+			var tx txBatch
+			tx.init(d)
+			want := (size + 4095) / 4096
+			b.SetBytes(int64(size))
+			b.ReportAllocs()
+			for b.Loop() {
+				// PostSend without its kick: the device's own send
+				// worker must not take the WQE.
+				qp.sq.Lock()
+				err := qp.postSendLocked(&wr)
+				qp.sq.Unlock()
+				if err != nil {
+					b.Fatal(err)
+				}
+				qp.runRequester(&tx)
+				if tx.n != want {
+					b.Fatalf("built %d packets, want %d", tx.n, want)
+				}
+				clear(tx.pkts[:tx.n])
+				tx.n = 0 // discard instead of sending
+				qp.sq.Lock()
+				qp.comp.idx = qp.req.idx // pretend the WQE completed
+				qp.comp.psn = qp.req.psn
+				qp.sq.Unlock()
+			}
+		})
+		b.Run(fmt.Sprintf("size=%d/floor", size), func(b *testing.B) {
+			src := make([]byte, size)
+			for i := range src {
+				src[i] = byte(i)
+			}
+			slab := make([]byte, txBatchSize*maxPacket)
+			var sum uint32
+			b.SetBytes(int64(size))
+			for b.Loop() {
+				for off, k := 0, 0; off < size; off, k = off+4096, k+1 {
+					n := min(4096, size-off)
+					dst := slab[k*maxPacket+wire.BTHSize : k*maxPacket+wire.BTHSize+n]
+					sum ^= wire.ICRCState(0).Copy(dst, src[off:off+n]).Sum()
+				}
+			}
+			benchSink = sum
+		})
+	}
+}
+
+var benchSink uint32
+
+// newRequesterBench returns a device on a pipe with an RC QP in RTS at
+// path MTU 4096 (a retransmit timeout too long to fire during a
+// benchmark) and a pinned MR of size bytes.
+func newRequesterBench(b *testing.B, size int) (*Device, *QP, *placement.MR) {
+	b.Helper()
+	a, c := conn.NewPipe()
+	e := placement.New(placement.Config{})
+	d, err := NewDevice(Config{Conn: c, Placement: e})
+	require.NoError(b, err)
+	b.Cleanup(func() { d.Close(); a.Close() })
+	cq := NewCQ(1 << 12)
+	qp, err := d.CreateQP(1, &QPInitAttr{SendCQ: cq, RecvCQ: cq, Type: QPTypeRC,
+		Cap: Cap{MaxSendWR: 16, MaxRecvWR: 16, MaxSendSGE: 1, MaxRecvSGE: 1}})
+	require.NoError(b, err)
+	mem := make([]byte, size)
+	for i := range mem {
+		mem[i] = byte(i * 7)
+	}
+	mr, err := e.RegMR(1, mem, stag.AccessLocalWrite)
+	require.NoError(b, err)
+	b.Cleanup(func() { e.DeregMR(mr) })
+	require.NoError(b, qp.Modify(&QPAttr{State: QPStateInit, Port: 1}, QPAttrState|QPAttrPKeyIndex|QPAttrPort|QPAttrAccessFlags))
+	require.NoError(b, qp.Modify(&QPAttr{State: QPStateRTR, Dest: a.LocalAddr(), PathMTU: MTU4096, DestQPN: 0x99, RQPSN: 1000, MaxDestRdAtomic: 1, MinRNRTimer: 1},
+		QPAttrState|QPAttrAV|QPAttrPathMTU|QPAttrDestQPN|QPAttrRQPSN|QPAttrMaxDestRdAtomic|QPAttrMinRNRTimer))
+	require.NoError(b, qp.Modify(&QPAttr{State: QPStateRTS, SQPSN: 5000, Timeout: 31, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 1},
+		QPAttrState|QPAttrSQPSN|QPAttrTimeout|QPAttrRetryCnt|QPAttrRNRRetry|QPAttrMaxQPRdAtomic))
+	return d, qp, mr
+}
