@@ -32,6 +32,7 @@ func BenchmarkRequesterWrite(b *testing.B) {
 			var tx txBatch
 			tx.init(d)
 			want := (size + 4095) / 4096
+			checked := false
 			b.SetBytes(int64(size))
 			b.ReportAllocs()
 			for b.Loop() {
@@ -46,6 +47,10 @@ func BenchmarkRequesterWrite(b *testing.B) {
 				qp.runRequester(&tx)
 				if tx.n != want {
 					b.Fatalf("built %d packets, want %d", tx.n, want)
+				}
+				if !checked {
+					checkBuiltWrite(b, d, tx.pkts[:tx.n], mr.Bytes())
+					checked = true
 				}
 				clear(tx.pkts[:tx.n])
 				tx.n = 0 // discard instead of sending
@@ -76,6 +81,41 @@ func BenchmarkRequesterWrite(b *testing.B) {
 }
 
 var benchSink uint32
+
+// checkBuiltWrite checks that pkts are the packets of one RDMA WRITE of
+// payload at MTU 4096 (IBTA 9.2, 9.3.3: FIRST with a RETH, MIDDLEs, LAST,
+// or one ONLY) whose ICRC trailers are right for the conn's IPv4 header
+// with ID 0 (Annex A17.3.3), so that the benchmark times correct work.
+func checkBuiltWrite(b *testing.B, d *Device, pkts []conn.Packet, payload []byte) {
+	b.Helper()
+	var p wire.Packet
+	off := 0
+	for i := range pkts {
+		pk := &pkts[i]
+		require.True(b, pk.ICRCReady, "packet %d", i)
+		require.NoError(b, wire.Parse(pk.Buf, &p), "packet %d", i)
+		want := wire.OpRDMAWriteMiddle
+		switch {
+		case len(pkts) == 1:
+			want = wire.OpRDMAWriteOnly
+		case i == 0:
+			want = wire.OpRDMAWriteFirst
+		case i == len(pkts)-1:
+			want = wire.OpRDMAWriteLast
+		}
+		require.Equal(b, want, p.Opcode(), "packet %d", i)
+		require.Equal(b, payload[off:off+len(p.Payload)], p.Payload, "packet %d", i)
+		off += len(p.Payload)
+		local := d.conn.LocalAddr()
+		h := wire.IPHeader{Src: local.Addr(), Dst: pk.Addr.Addr(), DF: true}
+		sport := pk.SrcPort // the QP's RoCEv2 source port (0: the conn's)
+		if sport == 0 {
+			sport = local.Port()
+		}
+		require.True(b, wire.VerifyICRCExact(&h, sport, pk.Addr.Port(), pk.Buf), "packet %d: ICRC", i)
+	}
+	require.Equal(b, len(payload), off)
+}
 
 // newRequesterBench returns a device on a pipe with an RC QP in RTS at
 // path MTU 4096 (a retransmit timeout too long to fire during a
