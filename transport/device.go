@@ -786,15 +786,16 @@ func (c *icrcCopier) Copied(p []byte)      { c.st = c.st.Update(p) }
 // source port, for IPv4 ID 0 (conn.Packet.ICRCReady). The payload must
 // follow through the returned copier, then endICRC.
 func (b *txBatch) beginICRC(path *path, buf []byte, hdrLen int) *icrcCopier {
-	b.icrc.st = b.prefix(path, len(buf)).Begin(buf).Update(buf[wire.BTHSize:hdrLen])
+	b.icrc.st = b.prefix(path, len(buf)).BeginCached(buf).Update(buf[wire.BTHSize:hdrLen])
 	return &b.icrc
 }
 
-// prefix returns the ICRC prefix of packets of pktLen bytes on path.
-func (b *txBatch) prefix(path *path, pktLen int) wire.ICRCPrefix {
+// prefix returns the ICRC prefix of packets of pktLen bytes on path (the
+// batch's own, for BeginCached).
+func (b *txBatch) prefix(path *path, pktLen int) *wire.ICRCPrefix {
 	for i := range b.prefixes {
 		if e := &b.prefixes[i]; e.path == path && e.pktLen == pktLen {
-			return e.p
+			return &e.p
 		}
 	}
 	local := b.d.conn.LocalAddr()
@@ -806,7 +807,7 @@ func (b *txBatch) prefix(path *path, pktLen int) wire.ICRCPrefix {
 	e := &b.prefixes[b.victim]
 	b.victim = (b.victim + 1) % len(b.prefixes)
 	*e = icrcPrefix{path: path, pktLen: pktLen, p: wire.NewICRCPrefix(&h, sport, path.dest.Port(), pktLen)}
-	return e.p
+	return &e.p
 }
 
 // endICRC hashes the pad, from byte end of buf, stores the ICRC in the

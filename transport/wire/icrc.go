@@ -302,6 +302,11 @@ type ICRCPrefix struct {
 	s      uint32 // the register after the header words that do not cover the BTH
 	udpLen uint16 // IPv4: the UDP length, hashed with the first BTH bytes
 	v6     bool
+	// BeginCached's cache: head is the register after the BTH's first 8
+	// bytes when they are key (valid when cached).
+	cached bool
+	key    uint64
+	head   uint32
 }
 
 // NewICRCPrefix returns the prefix of the ICRC of packets whose UDP
@@ -354,6 +359,37 @@ func (p ICRCPrefix) Begin(bth []byte) ICRCState {
 	return ICRCState(crcUpdate(s, bth[8:BTHSize]))
 }
 
+// BeginCached is Begin for a sender that begins many packets from one
+// prefix: it keeps the register after the BTH's first 8 bytes (opcode,
+// flags, P_Key, the masked byte and the destination QP, the same for
+// every MIDDLE packet of a QP's messages) and hashes only the last 4
+// (AckReq and PSN) when they repeat: 4 table loads a packet instead of 16.
+// It changes p, so a prefix it is called on must not be shared between
+// goroutines.
+func (p *ICRCPrefix) BeginCached(bth []byte) ICRCState {
+	_ = bth[BTHSize-1]
+	k := binary.LittleEndian.Uint64(bth)
+	if !p.cached || p.key != k {
+		if !p.v6 {
+			// UDP length, checksum=ffff, BTH bytes 0-3, then bytes 4-7
+			// with byte 4 (FECN, BECN, Resv6) all ones.
+			s := crcWord(p.s, be16(p.udpLen)|0xffff<<16|(k&0xffffffff)<<32)
+			p.head = crcWord4(s, uint32(k>>32)|0xff)
+		} else {
+			p.head = crcWord(p.s, k|0xff<<32)
+		}
+		p.key, p.cached = k, true
+	}
+	return ICRCState(crcWord4(p.head, binary.LittleEndian.Uint32(bth[8:])))
+}
+
+// crcWord4 advances the register s over the 4 bytes of v (little-endian:
+// the first byte is v's low byte) with the slicing tables.
+func crcWord4(s, v uint32) uint32 {
+	x := s ^ v
+	return crcTab[3][x&0xff] ^ crcTab[2][x>>8&0xff] ^ crcTab[1][x>>16&0xff] ^ crcTab[0][x>>24]
+}
+
 // ICRCState is the ICRC of a packet that is being built: begun over the
 // headers by BeginICRC, advanced over the rest of the packet in order by
 // Update and Copy, and read by Sum. A requester uses it to hash the
@@ -372,8 +408,18 @@ func BeginICRC(h *IPHeader, srcPort, dstPort uint16, pktLen int, bth []byte) ICR
 
 // Update advances the ICRC over the next bytes of the packet, p.
 func (st ICRCState) Update(p []byte) ICRCState {
+	if len(p) < crcTableMax {
+		// Headers and pad: the table walk, which crcFinish would reach
+		// through two calls.
+		return ICRCState(crcUpdate(uint32(st), p))
+	}
 	return ICRCState(^crcFinish(uint32(st), p))
 }
+
+// crcTableMax is the length below which every path of crcFinish hashes with
+// the slicing tables (crcUpdate): below crc32VPCLMULMin on CPUs with the
+// carry-less fold, below crcCLMULMin elsewhere.
+const crcTableMax = 32
 
 // Copy copies src into dst (which must be at least as long) and advances
 // the ICRC over it, as the next bytes of the packet. Where the CPU has the

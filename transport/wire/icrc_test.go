@@ -296,3 +296,41 @@ func TestICRCAllocs(t *testing.T) {
 	}))
 	_ = sink
 }
+
+// BeginCached, called on one prefix for a stream of packets as a sender
+// builds them (the same first 8 BTH bytes over and over, with new AckReq
+// and PSN bytes, then other opcodes, P_Keys and QPs, and random BTHs), is
+// ComputeICRC's for every packet: its cache never answers for BTH bytes it
+// was not computed from.
+func TestBeginCachedMatchesComputeICRC(t *testing.T) {
+	r := rand.New(rand.NewPCG(17, 18))
+	hdrs := []wire.IPHeader{
+		{Src: vm0, Dst: vm1, DF: true},
+		{Src: vm1, Dst: vm0, ID: 0x1234},
+		{Src: vm0v6, Dst: vm1v6},
+	}
+	const n = 256
+	for i := range hdrs {
+		h := &hdrs[i]
+		pkt := buildPacket(wire.OpRDMAWriteMiddle, n, r)
+		body := pkt[:len(pkt)-wire.ICRCSize]
+		pre := wire.NewICRCPrefix(h, 49441, wire.RoCEv2Port, len(pkt))
+		for k := range 3000 {
+			switch {
+			case k%500 == 499: // another header entirely
+				for j := range wire.BTHSize {
+					body[j] = byte(r.Uint32())
+				}
+			case k%50 == 49: // another opcode, P_Key or QP: one of bytes 0-7
+				body[r.IntN(8)] ^= byte(1 + r.IntN(255))
+			default: // the next packet: AckReq and PSN only
+				wire.BTH(body).SetPSN(wire.BTH(body).PSN().Add(1))
+				body[8] = byte(r.IntN(2)) << 7
+			}
+			want := wire.ComputeICRC(h, 49441, wire.RoCEv2Port, body)
+			got := pre.BeginCached(body).Update(body[wire.BTHSize:]).Sum()
+			require.Equalf(t, want, got, "%v, packet %d, BTH % x", h, k, body[:wire.BTHSize])
+			require.Equal(t, want, pre.Begin(body).Update(body[wire.BTHSize:]).Sum())
+		}
+	}
+}
