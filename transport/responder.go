@@ -85,10 +85,16 @@ func (qp *QP) respond(p *wire.Packet, path *path, b *txBatch) {
 
 	// CHK_LENGTH: FIRST and MIDDLE carry exactly one path MTU (C9-88), a
 	// LAST at least one byte (an empty message is an ONLY; rxe
-	// check_length). The path MTU bounds every packet (handle).
+	// check_length). The path MTU bounds every packet (handle). A RETH's
+	// DMA length is at most 2^31 bytes (IBTA 9.4.3, 9.4.4: an RDMA WRITE
+	// or READ moves 0 to 2^31 bytes): beyond it the request is an invalid
+	// request, checked before the R_Key as rxe's check_length does, so
+	// that an rkey and range which are valid for the first 2^31 bytes do
+	// not turn it into a remote access error.
 	n := len(p.Payload)
 	if info.Mask&(wire.MaskFirst|wire.MaskMiddle) != 0 && info.Mask&wire.MaskLast == 0 && n != path.mtu ||
-		info.Mask&wire.MaskOnly == wire.MaskLast && n == 0 {
+		info.Mask&wire.MaskOnly == wire.MaskLast && n == 0 ||
+		info.Mask&wire.MaskRETH != 0 && p.RETH().DMALength() > maxDMALength {
 		qp.respError(b, path, DropLength, wire.SyndromeNAKInvalidRequest, WCRemInvReqErr)
 		return
 	}
@@ -315,6 +321,10 @@ func (qp *QP) pageFault(b *txBatch, path *path, p *wire.Packet, c *placement.Cur
 	return st
 }
 
+// maxDMALength is the largest DMA length a RETH may carry: an RDMA WRITE
+// or READ message is 0 to 2^31 bytes (IBTA 9.4.3, 9.4.4; rxe check_length).
+const maxDMALength = 1 << 31
+
 // maxFaultTries bounds how often the sync policy faults a packet's pages
 // in again when an invalidation clears them before the copy; past it the
 // packet gets an RNR NAK.
@@ -466,12 +476,12 @@ func (qp *QP) sendReadResponses(b *txBatch, path *path, psn wire.PSN, va uint64,
 func (qp *QP) execAtomic(p *wire.Packet, path *path, b *txBatch) {
 	r := &qp.resp
 	a := p.AtomicETH()
-	if a.VA()&7 != 0 {
-		// Misaligned atomic: NAK invalid request (IBTA C9-?; rxe
-		// RESPST_ERR_MISALIGNED_ATOMIC).
-		qp.respError(b, path, DropAccess, wire.SyndromeNAKInvalidRequest, WCRemInvReqErr)
-		return
-	}
+	// A misaligned VA is an invalid request (rxe
+	// RESPST_ERR_MISALIGNED_ATOMIC), but only once the R_Key and the range
+	// have passed: AtomicQP checks them first and then reports the
+	// misalignment as InvalidRequest, so that a bad rkey with a misaligned
+	// VA is a remote access error, as from rxe (check_rkey runs before
+	// atomic_reply).
 	op := placement.FetchAdd
 	if p.Opcode() == wire.OpCompareSwap {
 		op = placement.CmpSwap

@@ -1,0 +1,80 @@
+package transport
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/softrdma/softrdma/transport/wire"
+)
+
+// A RETH whose DMA length exceeds 2^31 bytes is an invalid request (IBTA
+// 9.4.3 and 9.4.4: an RDMA WRITE or READ message is 0 to 2^31 bytes; a
+// class C responder error, 9.9.3), checked before the R_Key as rxe's
+// check_length does (RESPST_ERR_LENGTH, NAK invalid request): the rkey and
+// VA below are valid, so without the check the request meets the bounds
+// check and is NAKed as a remote access error instead. 2^31 itself is
+// legal and meets the bounds check.
+func TestDMALengthOver2GiB(t *testing.T) {
+	mtu := make([]byte, rigMTU)
+	for _, c := range []struct {
+		name   string
+		op     wire.Opcode
+		length uint32
+		pay    []byte
+		drop   DropReason
+		nak    wire.Syndrome
+	}{
+		{"WRITE FIRST 2^31+1", wire.OpRDMAWriteFirst, 1<<31 + 1, mtu, DropLength, wire.SyndromeNAKInvalidRequest},
+		{"WRITE FIRST 2^32-1", wire.OpRDMAWriteFirst, 0xffffffff, mtu, DropLength, wire.SyndromeNAKInvalidRequest},
+		{"READ 2^31+1", wire.OpRDMAReadRequest, 1<<31 + 1, nil, DropLength, wire.SyndromeNAKInvalidRequest},
+		{"WRITE FIRST 2^31", wire.OpRDMAWriteFirst, 1 << 31, mtu, DropAccess, wire.SyndromeNAKRemoteAccess},
+		{"READ 2^31", wire.OpRDMAReadRequest, 1 << 31, nil, DropAccess, wire.SyndromeNAKRemoteAccess},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := newResponderRig(t)
+			before := r.drops(c.drop)
+			r.deliver(r.build(c.op, 1000, c.pay, true, r.reth(r.mr.Addr(), r.mr.RKey(), c.length)))
+			require.Equal(t, before+1, r.drops(c.drop), "drop counter %v", c.drop)
+			op, syn, psn := r.answer()
+			require.Equal(t, wire.OpAcknowledge, op)
+			require.Equal(t, c.nak, syn, "NAK syndrome")
+			require.Equal(t, wire.PSN(1000), psn)
+			require.Equal(t, QPStateErr, r.qp.State())
+			require.True(t, r.guardsIntact())
+			require.Equal(t, byte(0xA5), r.mem[rigGuard], "nothing placed")
+		})
+	}
+}
+
+// An atomic with a misaligned VA and an invalid R_Key is a remote access
+// error, not an invalid request: rxe checks the R_Key and the range
+// (check_rkey, RESPST_ERR_RKEY_VIOLATION) before the alignment
+// (atomic_reply, RESPST_ERR_MISALIGNED_ATOMIC), and the placement engine's
+// Atomic documents the same order. A misaligned VA with a valid R_Key
+// stays an invalid request (TestResponderBadInput).
+func TestMisalignedAtomicWithBadRKeyIsRemoteAccessError(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		rkey func(r *responderRig) uint32
+		va   func(r *responderRig) uint64
+		nak  wire.Syndrome
+	}{
+		{"bad rkey", func(r *responderRig) uint32 { return r.mr.RKey() ^ 1 }, func(r *responderRig) uint64 { return r.mr.Addr() + 4 }, wire.SyndromeNAKRemoteAccess},
+		{"outside the MR", func(r *responderRig) uint32 { return r.mr.RKey() }, func(r *responderRig) uint64 { return r.mr.Addr() + rigMR + 4 }, wire.SyndromeNAKRemoteAccess},
+		{"valid rkey", func(r *responderRig) uint32 { return r.mr.RKey() }, func(r *responderRig) uint64 { return r.mr.Addr() + 4 }, wire.SyndromeNAKInvalidRequest},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := newResponderRig(t)
+			r.deliver(r.build(wire.OpCompareSwap, 1000, nil, true, func(b []byte, info *wire.OpInfo) {
+				wire.AtomicETH(b[info.Offset[wire.HdrAtomicETH]:]).Encode(&wire.AtomicETHFields{VA: c.va(r), RKey: c.rkey(r), SwapAdd: 1})
+			}))
+			op, syn, psn := r.answer()
+			require.Equal(t, wire.OpAcknowledge, op)
+			require.Equal(t, c.nak, syn, "NAK syndrome")
+			require.Equal(t, wire.PSN(1000), psn)
+			require.Equal(t, QPStateErr, r.qp.State())
+			require.True(t, r.guardsIntact())
+		})
+	}
+}
