@@ -1,7 +1,9 @@
 package transport
 
 import (
+	"fmt"
 	"testing"
+	"testing/synctest"
 
 	"github.com/stretchr/testify/require"
 
@@ -75,6 +77,38 @@ func TestMisalignedAtomicWithBadRKeyIsRemoteAccessError(t *testing.T) {
 			require.Equal(t, wire.PSN(1000), psn)
 			require.Equal(t, QPStateErr, r.qp.State())
 			require.True(t, r.guardsIntact())
+		})
+	}
+}
+
+// A NAK with a reserved code (IBTA Table 42: NAK codes 5 to 31 are
+// reserved) completes the WQE with REM_OP_ERR and moves the QP to ERR, as
+// rxe's completer does ("unexpected nak": IB_WC_REM_OP_ERR); the defined
+// codes keep their statuses.
+func TestReservedNAKCodeIsRemoteOperationalError(t *testing.T) {
+	for _, c := range []struct {
+		syn  wire.Syndrome
+		want WCStatus
+	}{
+		{wire.SyndromeNAKInvalidRequest, WCRemInvReqErr},
+		{wire.SyndromeNAKRemoteAccess, WCRemAccessErr},
+		{wire.SyndromeNAKRemoteOp, WCRemOpErr},
+		{0x65, WCRemOpErr},
+		{0x7f, WCRemOpErr},
+	} {
+		t.Run(fmt.Sprintf("%#x", uint8(c.syn)), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				r := newSyncRig(t)
+				_, err := r.qp.PostSend(SendWR{WRID: 1, Opcode: WRRDMAWrite, Flags: SendSignaled,
+					SGL: []SGE{{Addr: r.mr.Addr(), Length: 8, LKey: r.mr.LKey()}}, RemoteAddr: 0x1000, RKey: 0x1234})
+				require.NoError(t, err)
+				require.Len(t, r.sent(), 1)
+				r.ackPkt(c.syn, 5000, 0)
+				wcs := r.poll()
+				require.Len(t, wcs, 1)
+				require.Equal(t, c.want, wcs[0].Status)
+				require.Equal(t, QPStateErr, r.qp.State())
+			})
 		})
 	}
 }
