@@ -7,6 +7,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/softrdma/softrdma/hostmem"
+
 	"github.com/softrdma/softrdma/transport/wire"
 )
 
@@ -111,4 +113,50 @@ func TestReservedNAKCodeIsRemoteOperationalError(t *testing.T) {
 			})
 		})
 	}
+}
+
+// A READ whose region fails after the request was accepted is a class C
+// responder error (IBTA 9.9.3): the responder NAKs remote access and moves
+// its QP to ERR, counting the drop, as rxe's read_reply does (it rechecks
+// the MR for every response and a replay, RESPST_ERR_RKEY_VIOLATION ->
+// do_class_ac_error). Before, the NAK went out and the QP stayed in RTS,
+// answering further requests on a connection whose requester had failed.
+func TestReadFailingAfterAcceptanceMovesResponderToErr(t *testing.T) {
+	t.Run("duplicate READ after DeregMR", func(t *testing.T) {
+		r := newResponderRig(t)
+		r.deliver(r.build(wire.OpRDMAReadRequest, 1000, nil, true, r.reth(r.mr.Addr(), r.mr.RKey(), 3000)))
+		for i := range 3 {
+			_, _, psn := r.answer()
+			require.Equal(t, wire.PSN(1000+i), psn)
+		}
+		require.NoError(t, r.place.DeregMR(r.mr))
+		before := r.drops(DropAccess)
+		r.deliver(r.build(wire.OpRDMAReadRequest, 1000, nil, true, r.reth(r.mr.Addr(), r.mr.RKey(), 3000)))
+		op, syn, psn := r.answer()
+		require.Equal(t, wire.OpAcknowledge, op)
+		require.Equal(t, wire.SyndromeNAKRemoteAccess, syn)
+		require.Equal(t, wire.PSN(1000), psn)
+		require.Equal(t, before+1, r.drops(DropAccess))
+		require.Equal(t, QPStateErr, r.qp.State())
+	})
+	t.Run("ODP page that cannot be faulted in", func(t *testing.T) {
+		r := newRig(t, true, FaultSync)
+		// The MR's second page leaves the host address space: the READ
+		// is accepted (key and range are good), its first four responses
+		// come from the first page and the fifth cannot be read.
+		require.NoError(t, r.as.Free(hostmem.AddrOf(r.mem[rigGuard+hostmem.PageSize:]), hostmem.PageSize))
+		before := r.drops(DropAccess)
+		r.deliver(r.build(wire.OpRDMAReadRequest, 1000, nil, true, r.reth(r.mr.Addr(), r.mr.RKey(), rigMR)))
+		var last wire.Syndrome
+		var lastOp wire.Opcode
+		var lastPSN wire.PSN
+		for range hostmem.PageSize/rigMTU + 1 {
+			lastOp, last, lastPSN = r.answer()
+		}
+		require.Equal(t, wire.OpAcknowledge, lastOp)
+		require.Equal(t, wire.SyndromeNAKRemoteAccess, last)
+		require.Equal(t, wire.PSN(1000+hostmem.PageSize/rigMTU), lastPSN)
+		require.Equal(t, before+1, r.drops(DropAccess))
+		require.Equal(t, QPStateErr, r.qp.State())
+	})
 }

@@ -408,7 +408,7 @@ func (qp *QP) execRead(p *wire.Packet, path *path, b *txBatch) {
 
 // sendReadResponses sends the READ response packets for [va, va+length)
 // starting at psn. A failure to read (the MR vanished) ends the stream with
-// a remote access error NAK.
+// a remote access error NAK and moves the QP to ERR (respErrorAt).
 func (qp *QP) sendReadResponses(b *txBatch, path *path, psn wire.PSN, va uint64, rkey uint32, length uint64) {
 	r := &qp.resp
 	qp.supersedeAck(psn)
@@ -417,7 +417,10 @@ func (qp *QP) sendReadResponses(b *txBatch, path *path, psn wire.PSN, va uint64,
 	// the middle of a multi-packet WRITE, whose cursor must survive it.
 	if length > 0 {
 		if st := e.Begin(&r.readCur, qp.pd, rkey, va, length, stag.AccessRemoteRead); st != placement.OK {
-			qp.sendAck(b, path, syndromeFor(st), psn)
+			// A duplicate READ whose region has gone since (a new READ
+			// was checked by execRead): a class C error as for a new one
+			// (rxe read_reply: rxe_recheck_mr fails, RESPST_ERR_RKEY_VIOLATION).
+			qp.respErrorAt(b, path, DropAccess, syndromeFor(st), psn)
 			return
 		}
 		defer e.End(&r.readCur)
@@ -461,8 +464,13 @@ func (qp *QP) sendReadResponses(b *txBatch, path *path, psn wire.PSN, va uint64,
 				}
 			}
 			if st != placement.OK {
+				// The region went away or a page cannot be faulted in:
+				// NAK the response's PSN and move the QP to ERR, a class
+				// C responder error (IBTA 9.9.3; rxe read_reply's
+				// RESPST_ERR_RKEY_VIOLATION goes to do_class_ac_error),
+				// as for the same error found before the first response.
 				b.n-- // drop the half-built packet
-				qp.sendAck(b, path, syndromeFor(st), psn.Add(i))
+				qp.respErrorAt(b, path, DropAccess, syndromeFor(st), psn.Add(i))
 				return
 			}
 		}
@@ -601,9 +609,16 @@ func (qp *QP) duplicate(p *wire.Packet, path *path, b *txBatch) {
 // error; one that is not raises the affiliated asynchronous error the
 // syndrome names (IBTA C9-222.1.1; eventForNAK).
 func (qp *QP) respError(b *txBatch, path *path, why DropReason, syn wire.Syndrome, _ WCStatus) {
+	qp.respErrorAt(b, path, why, syn, qp.resp.ePSN)
+}
+
+// respErrorAt is respError with a NAK for psn instead of the expected PSN:
+// a READ whose responses fail after the expected PSN has moved past it
+// (sendReadResponses).
+func (qp *QP) respErrorAt(b *txBatch, path *path, why DropReason, syn wire.Syndrome, psn wire.PSN) {
 	r := &qp.resp
 	qp.dev.counters.drop(why)
-	qp.sendAck(b, path, syn, r.ePSN)
+	qp.sendAck(b, path, syn, psn)
 	related := r.haveRecv || r.wqeErr
 	r.wqeErr = false
 	if r.haveRecv {
