@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/softrdma/softrdma/hostmem"
+	"github.com/softrdma/softrdma/transport/conn"
 
 	"github.com/softrdma/softrdma/transport/wire"
 )
@@ -159,4 +160,22 @@ func TestReadFailingAfterAcceptanceMovesResponderToErr(t *testing.T) {
 		require.Equal(t, before+1, r.drops(DropAccess))
 		require.Equal(t, QPStateErr, r.qp.State())
 	})
+}
+
+// On UC a RETH DMA length over 2^31 drops the message as a length error
+// (rxe check_length, class D on UC), not as an R_Key violation, and the QP
+// stays in RTS; the next message lands.
+func TestUCDMALengthOver2GiBIsALengthError(t *testing.T) {
+	r := newDGRig(t, QPTypeUC, conn.PipeConfig{})
+	r.postRecv(1, 0, 2000)
+	mtu := make([]byte, 1024)
+	r.deliver(r.uc(wire.OpRDMAWriteFirst, 1000, mtu, &wire.RETHFields{VA: r.mr.Addr(), RKey: r.mr.RKey(), DMALength: 1<<31 + 1}))
+	require.Equal(t, uint64(1), r.drops(DropLength))
+	require.Equal(t, uint64(0), r.drops(DropAccess))
+	require.Equal(t, QPStateRTS, r.qp.State())
+	require.False(t, r.qp.resp.cur.Busy())
+	r.deliver(r.uc(wire.OpSendOnly, 2000, []byte("next"), nil))
+	wcs := r.poll()
+	require.Len(t, wcs, 1)
+	require.Equal(t, WCSuccess, wcs[0].Status)
 }
