@@ -239,9 +239,15 @@ func (qp *QP) onAETH(syn wire.Syndrome, psn wire.PSN) bool {
 // flushed (the responder has gone to ERR and will not answer it), the WQE
 // that holds psn completes with the status the syndrome names (IBTA
 // 9.7.5.2 / Table 42), and the QP goes to ERR; completions stay in order.
+// A reserved NAK code (5 to 31) names no error the responder could have
+// meant; it completes with WCRemOpErr, as from rxe's check_ack ("unexpected
+// nak": IB_WC_REM_OP_ERR), not as an invalid request the responder did not
+// report.
 func (qp *QP) failAt(psn wire.PSN, syn wire.Syndrome) {
-	status := WCRemInvReqErr
+	status := WCRemOpErr
 	switch syn {
+	case wire.SyndromeNAKInvalidRequest:
+		status = WCRemInvReqErr
 	case wire.SyndromeNAKRemoteAccess:
 		status = WCRemAccessErr
 	case wire.SyndromeNAKRemoteOp:

@@ -85,10 +85,16 @@ func (qp *QP) respond(p *wire.Packet, path *path, b *txBatch) {
 
 	// CHK_LENGTH: FIRST and MIDDLE carry exactly one path MTU (C9-88), a
 	// LAST at least one byte (an empty message is an ONLY; rxe
-	// check_length). The path MTU bounds every packet (handle).
+	// check_length). The path MTU bounds every packet (handle). A RETH's
+	// DMA length is at most 2^31 bytes (IBTA 9.4.3, 9.4.4: an RDMA WRITE
+	// or READ moves 0 to 2^31 bytes): beyond it the request is an invalid
+	// request, checked before the R_Key as rxe's check_length does, so
+	// that an rkey and range which are valid for the first 2^31 bytes do
+	// not turn it into a remote access error.
 	n := len(p.Payload)
 	if info.Mask&(wire.MaskFirst|wire.MaskMiddle) != 0 && info.Mask&wire.MaskLast == 0 && n != path.mtu ||
-		info.Mask&wire.MaskOnly == wire.MaskLast && n == 0 {
+		info.Mask&wire.MaskOnly == wire.MaskLast && n == 0 ||
+		info.Mask&wire.MaskRETH != 0 && p.RETH().DMALength() > maxDMALength {
 		qp.respError(b, path, DropLength, wire.SyndromeNAKInvalidRequest, WCRemInvReqErr)
 		return
 	}
@@ -315,6 +321,10 @@ func (qp *QP) pageFault(b *txBatch, path *path, p *wire.Packet, c *placement.Cur
 	return st
 }
 
+// maxDMALength is the largest DMA length a RETH may carry: an RDMA WRITE
+// or READ message is 0 to 2^31 bytes (IBTA 9.4.3, 9.4.4; rxe check_length).
+const maxDMALength = 1 << 31
+
 // maxFaultTries bounds how often the sync policy faults a packet's pages
 // in again when an invalidation clears them before the copy; past it the
 // packet gets an RNR NAK.
@@ -398,7 +408,7 @@ func (qp *QP) execRead(p *wire.Packet, path *path, b *txBatch) {
 
 // sendReadResponses sends the READ response packets for [va, va+length)
 // starting at psn. A failure to read (the MR vanished) ends the stream with
-// a remote access error NAK.
+// a remote access error NAK and moves the QP to ERR (respErrorAt).
 func (qp *QP) sendReadResponses(b *txBatch, path *path, psn wire.PSN, va uint64, rkey uint32, length uint64) {
 	r := &qp.resp
 	qp.supersedeAck(psn)
@@ -407,7 +417,10 @@ func (qp *QP) sendReadResponses(b *txBatch, path *path, psn wire.PSN, va uint64,
 	// the middle of a multi-packet WRITE, whose cursor must survive it.
 	if length > 0 {
 		if st := e.Begin(&r.readCur, qp.pd, rkey, va, length, stag.AccessRemoteRead); st != placement.OK {
-			qp.sendAck(b, path, syndromeFor(st), psn)
+			// A duplicate READ whose region has gone since (a new READ
+			// was checked by execRead): a class C error as for a new one
+			// (rxe read_reply: rxe_recheck_mr fails, RESPST_ERR_RKEY_VIOLATION).
+			qp.respErrorAt(b, path, DropAccess, syndromeFor(st), psn)
 			return
 		}
 		defer e.End(&r.readCur)
@@ -451,8 +464,13 @@ func (qp *QP) sendReadResponses(b *txBatch, path *path, psn wire.PSN, va uint64,
 				}
 			}
 			if st != placement.OK {
+				// The region went away or a page cannot be faulted in:
+				// NAK the response's PSN and move the QP to ERR, a class
+				// C responder error (IBTA 9.9.3; rxe read_reply's
+				// RESPST_ERR_RKEY_VIOLATION goes to do_class_ac_error),
+				// as for the same error found before the first response.
 				b.n-- // drop the half-built packet
-				qp.sendAck(b, path, syndromeFor(st), psn.Add(i))
+				qp.respErrorAt(b, path, DropAccess, syndromeFor(st), psn.Add(i))
 				return
 			}
 		}
@@ -466,12 +484,12 @@ func (qp *QP) sendReadResponses(b *txBatch, path *path, psn wire.PSN, va uint64,
 func (qp *QP) execAtomic(p *wire.Packet, path *path, b *txBatch) {
 	r := &qp.resp
 	a := p.AtomicETH()
-	if a.VA()&7 != 0 {
-		// Misaligned atomic: NAK invalid request (IBTA C9-?; rxe
-		// RESPST_ERR_MISALIGNED_ATOMIC).
-		qp.respError(b, path, DropAccess, wire.SyndromeNAKInvalidRequest, WCRemInvReqErr)
-		return
-	}
+	// A misaligned VA is an invalid request (rxe
+	// RESPST_ERR_MISALIGNED_ATOMIC), but only once the R_Key and the range
+	// have passed: AtomicQP checks them first and then reports the
+	// misalignment as InvalidRequest, so that a bad rkey with a misaligned
+	// VA is a remote access error, as from rxe (check_rkey runs before
+	// atomic_reply).
 	op := placement.FetchAdd
 	if p.Opcode() == wire.OpCompareSwap {
 		op = placement.CmpSwap
@@ -591,9 +609,16 @@ func (qp *QP) duplicate(p *wire.Packet, path *path, b *txBatch) {
 // error; one that is not raises the affiliated asynchronous error the
 // syndrome names (IBTA C9-222.1.1; eventForNAK).
 func (qp *QP) respError(b *txBatch, path *path, why DropReason, syn wire.Syndrome, _ WCStatus) {
+	qp.respErrorAt(b, path, why, syn, qp.resp.ePSN)
+}
+
+// respErrorAt is respError with a NAK for psn instead of the expected PSN:
+// a READ whose responses fail after the expected PSN has moved past it
+// (sendReadResponses).
+func (qp *QP) respErrorAt(b *txBatch, path *path, why DropReason, syn wire.Syndrome, psn wire.PSN) {
 	r := &qp.resp
 	qp.dev.counters.drop(why)
-	qp.sendAck(b, path, syn, r.ePSN)
+	qp.sendAck(b, path, syn, psn)
 	related := r.haveRecv || r.wqeErr
 	r.wqeErr = false
 	if r.haveRecv {

@@ -241,7 +241,9 @@ func TestResponderBadInput(t *testing.T) {
 			return r.build(wire.OpRDMAWriteOnly, 1000, mtu[:64], true, r.reth(r.mr.Addr()-64, r.mr.RKey(), 64))
 		}, DropAccess, wire.SyndromeNAKRemoteAccess, true},
 		{"length wrapping the address space", func(r *responderRig) []byte {
-			return r.build(wire.OpRDMAReadRequest, 1000, nil, true, r.reth(^uint64(0)-10, r.mr.RKey(), 0xffffffff))
+			// 2^31, the largest DMA length (a longer one is an invalid
+			// request before the R_Key is looked at: TestDMALengthOver2GiB).
+			return r.build(wire.OpRDMAReadRequest, 1000, nil, true, r.reth(^uint64(0)-10, r.mr.RKey(), 1<<31))
 		}, DropAccess, wire.SyndromeNAKRemoteAccess, true},
 		{"misaligned atomic", func(r *responderRig) []byte {
 			return r.build(wire.OpFetchAdd, 1000, nil, true, func(b []byte, info *wire.OpInfo) {

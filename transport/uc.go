@@ -321,9 +321,12 @@ func (qp *QP) respondUC(p *wire.Packet, path *path) {
 	// CHK_LENGTH: FIRST and MIDDLE carry exactly one path MTU, a LAST
 	// at least one byte (an empty message is an ONLY; rxe check_length,
 	// class D on UC). The path MTU bounds every packet (handleUnreliable).
+	// A RETH's DMA length is at most 2^31 bytes, checked before the R_Key
+	// as on RC (maxDMALength).
 	n := len(p.Payload)
 	if info.Mask&(wire.MaskFirst|wire.MaskMiddle) != 0 && info.Mask&wire.MaskLast == 0 && n != path.mtu ||
-		info.Mask&wire.MaskOnly == wire.MaskLast && n == 0 {
+		info.Mask&wire.MaskOnly == wire.MaskLast && n == 0 ||
+		info.Mask&wire.MaskRETH != 0 && p.RETH().DMALength() > maxDMALength {
 		qp.ucDrop(DropLength)
 		return
 	}
