@@ -674,12 +674,16 @@ func (d *Device) handle(pkt *conn.Packet, p *wire.Packet) {
 		return
 	}
 	path := qp.path.Load()
-	if len(p.Payload) > path.mtu {
-		c.drop(DropTooLong)
-		return
-	}
+	// The peer's address before anything about the packet itself, as
+	// rxe's hdr_check runs check_addr before the responder's check_length:
+	// a packet from another host is a wrong_address drop whatever its
+	// length.
 	if path.dest.Addr() != pkt.Addr.Addr().Unmap() {
 		c.drop(DropWrongAddress)
+		return
+	}
+	if len(p.Payload) > path.mtu {
+		c.drop(DropTooLong)
 		return
 	}
 	if qp.State() == QPStateRTR && p.Info.Mask&wire.MaskReq != 0 {

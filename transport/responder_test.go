@@ -277,6 +277,24 @@ func TestResponderBadInput(t *testing.T) {
 	}
 }
 
+// TestResponderWrongAddressBeforeLength checks that a packet from an
+// address that is not the QP's peer is dropped as such whatever else is
+// wrong with it: rxe's hdr_check runs check_addr before the responder
+// ever looks at the payload length (rxe_recv.c, then rxe_resp.c
+// check_length), so a spoofed oversized WRITE is a wrong_address drop, not
+// a too_long one.
+func TestResponderWrongAddressBeforeLength(t *testing.T) {
+	r := newResponderRig(t)
+	other := netip.AddrPortFrom(netip.MustParseAddr("192.0.2.77"), r.from.Port())
+	long := r.build(wire.OpRDMAWriteOnly, 1000, make([]byte, rigMTU+4), true, r.reth(r.mr.Addr(), r.mr.RKey(), rigMTU+4))
+	r.d.handle(&conn.Packet{Buf: long, Addr: other}, &r.pkt)
+	require.Equal(t, uint64(1), r.drops(DropWrongAddress), "a packet from another address is a wrong_address drop")
+	require.Zero(t, r.drops(DropTooLong), "its length is not looked at")
+	require.Equal(t, QPStateRTS, r.qp.State())
+	require.True(t, r.guardsIntact())
+	require.Equal(t, byte(0xA5), r.mem[rigGuard], "nothing placed")
+}
+
 func TestResponderNAKsPSNSequenceErrorOncePerGap(t *testing.T) {
 	r := newResponderRig(t)
 	for psn := wire.PSN(1001); psn < 1005; psn++ {
