@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"reflect"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -55,4 +56,16 @@ func TestDataPathAllocatesNothing(t *testing.T) {
 		r.qp.sq.Unlock()
 	})
 	require.Zero(t, allocs, "requester allocations per WR")
+}
+
+// TestAllocSetsEveryPacketField: txBatch.alloc fills a reused slot field by
+// field, so a field added to conn.Packet would keep the value of the
+// slot's last packet unless alloc sets it too.
+func TestAllocSetsEveryPacketField(t *testing.T) {
+	var names []string
+	for f := range reflect.TypeFor[conn.Packet]().Fields() {
+		names = append(names, f.Name)
+	}
+	require.Equal(t, []string{"Buf", "Addr", "IP", "SrcPort", "ICRCReady"}, names,
+		"conn.Packet changed: set the new field in txBatch.alloc, then list it here")
 }

@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/gopacket/gopacket"
 	"github.com/gopacket/gopacket/layers"
@@ -452,7 +453,10 @@ func waitCQ(t *testing.T, cq *CQ, n int) []WC {
 	t.Helper()
 	var out []WC
 	buf := make([]WC, 16)
-	for range 20000 {
+	// Bounded by time, not by a count of polls: on a loaded machine 20000
+	// yields passed before the device's goroutines ran
+	// (TestSendCQOverrunUCUD failed so while another suite ran).
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); {
 		k, err := cq.Poll(buf)
 		require.NoError(t, err)
 		out = append(out, buf[:k]...)
