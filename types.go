@@ -147,8 +147,13 @@ var (
 	ErrTooManySGE   = transport.ErrTooManySGE
 	ErrInlineTooBig = transport.ErrInlineTooBig
 	ErrBadSGE       = transport.ErrBadSGE
-	ErrBadAttr      = transport.ErrBadAttr
-	ErrCQOverrun    = transport.ErrCQOverrun
+	// ErrMsgTooLong: a send WR's message is over 2 GiB (max_msg_sz, IBTA
+	// 9.4: a message is 0 to 2^31 bytes), or an RC RDMA READ's responses
+	// would take 2^23 PSNs or more, half the PSN space (2^31-255 bytes at
+	// path MTU 256); EINVAL in libibverbs providers.
+	ErrMsgTooLong = transport.ErrMsgTooLong
+	ErrBadAttr    = transport.ErrBadAttr
+	ErrCQOverrun  = transport.ErrCQOverrun
 	// ErrBadTransition: Modify to a state the current one cannot reach
 	// (IBTA 10.3.1; RESET -> ERR among them), EINVAL in rxe.
 	ErrBadTransition = transport.ErrBadTransition

@@ -43,7 +43,11 @@ func TestReadOf2To23PSNs(t *testing.T) {
 			return err
 		}
 		// 2^23 PSNs: refused.
-		require.ErrorIs(t, read(1<<31-255), ErrBadSGE)
+		require.ErrorIs(t, read(1<<31-255), ErrMsgTooLong)
+		// Over 2 GiB in two SGEs: refused whatever the opcode.
+		_, err = qp.PostSend(SendWR{WRID: 3, Opcode: WRRDMAWrite, SGL: []SGE{{Addr: mr.Addr(), Length: 1 << 31, LKey: mr.LKey()},
+			{Addr: mr.Addr(), Length: 1, LKey: mr.LKey()}}, RemoteAddr: 0x1000, RKey: 0x1234})
+		require.ErrorIs(t, err, ErrMsgTooLong)
 		// 2^23-1 PSNs behind a WRITE: it waits for the WRITE's ACK.
 		_, err = qp.PostSend(SendWR{WRID: 2, Opcode: WRRDMAWrite, SGL: []SGE{{Addr: mr.Addr(), Length: 8, LKey: mr.LKey()}},
 			RemoteAddr: 0x1000, RKey: 0x1234})

@@ -982,7 +982,9 @@ func (qp *QP) postable() error {
 // one; the first that fails is not queued and its index is returned with
 // the error, and the WRs before it stay queued. Errors: ErrQPState (the
 // QP is RESET, INIT or RTR), ErrSQFull, ErrTooManySGE, ErrInlineTooBig,
-// ErrBadSGE (an lkey that does not cover its SGE), ErrBadOpcode,
+// ErrBadSGE (an lkey that does not cover its SGE), ErrMsgTooLong (over
+// 2 GiB, max_msg_sz, or an RC READ whose responses would take half the
+// 24-bit PSN space: 2^31-255 bytes at path MTU 256), ErrBadOpcode,
 // ErrAtomicAlign, ErrAtomicLength, ErrBadQP (after DestroyQP), ErrClosed
 // (after the device's Close). In ERR the WRs are queued and flushed with
 // WR_FLUSH_ERR, as libibverbs providers do.
@@ -1072,7 +1074,7 @@ func (qp *QP) postSendLocked(wr *SendWR) error {
 		return fmt.Errorf("%w: %d bytes, max_inline_data %d", ErrInlineTooBig, total, qp.cap.MaxInlineData)
 	}
 	if total > 1<<31 {
-		return fmt.Errorf("%w: message of %d bytes exceeds 2 GiB (max_msg_sz)", ErrBadSGE, total)
+		return fmt.Errorf("%w: %d bytes exceed 2 GiB (max_msg_sz)", ErrMsgTooLong, total)
 	}
 	if err := qp.checkWRLength(total); err != nil {
 		return err
@@ -1082,7 +1084,7 @@ func (qp *QP) postSendLocked(wr *SendWR) error {
 		// PSN comparisons order at most half the 24-bit space.
 		if mtu := qp.path.Load().mtu; packetsFor(total, mtu) >= maxOutstandingPSNs {
 			return fmt.Errorf("%w: an RDMA READ of %d bytes takes %d response PSNs at path MTU %d, at most %d may be outstanding",
-				ErrBadSGE, total, packetsFor(total, mtu), mtu, maxOutstandingPSNs-1)
+				ErrMsgTooLong, total, packetsFor(total, mtu), mtu, maxOutstandingPSNs-1)
 		}
 	}
 	w := &qp.sq.wqe[qp.sq.head%uint64(len(qp.sq.wqe))]

@@ -289,6 +289,7 @@ var (
 	ErrTooManySGE    = errors.New("too many SGEs")
 	ErrInlineTooBig  = errors.New("inline data exceeds max_inline_data")
 	ErrBadSGE        = errors.New("SGE outside its lkey's range or bad lkey")
+	ErrMsgTooLong    = errors.New("message longer than the QP can send")
 	ErrBadOpcode     = errors.New("work request opcode not supported on this QP")
 	ErrBadAttr       = errors.New("invalid QP attribute")
 	ErrBadTransition = errors.New("invalid QP state transition")
