@@ -638,7 +638,7 @@ func (c *core) verify(b []byte, from netip.AddrPort, hint uint16) (bool, uint16)
 		return false, hint
 	}
 	e := c.rxPrefix(from, len(b))
-	got := e.p.Begin(b).Update(b[wire.BTHSize : len(b)-wire.ICRCSize]).Sum() // for ID 0
+	got := e.p.BeginCached(b).Update(b[wire.BTHSize : len(b)-wire.ICRCSize]).Sum() // for ID 0
 	if hint != 0 && hint < 64 {
 		if e.ids.Len() != len(b) {
 			e.ids.Fill(len(b)) // once per entry, at its first hint
